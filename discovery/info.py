@@ -1,0 +1,132 @@
+"""What a worker publishes about itself, and the events subscribers see.
+
+:class:`WorkerInfo` is a frozen value; its protobuf form
+(``proto/discovery/worker_info.proto``) is what the registry stores. The
+encoding is deterministic (tags sorted, map keys sorted), so two equal
+infos encode to the same bytes and a publisher can tell a real change from
+a repeat.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from types import MappingProxyType
+from typing import Final, Literal, get_args
+from uuid import UUID
+
+from google.protobuf.message import DecodeError
+
+from discovery import worker_info_pb2
+
+EventType = Literal["worker-added", "worker-updated", "worker-dropped"]
+EVENT_TYPES: Final[frozenset[str]] = frozenset(get_args(EventType))
+
+Status = Literal["ready", "draining"]
+STATUSES: Final[frozenset[str]] = frozenset(get_args(Status))
+
+
+@dataclasses.dataclass(frozen=True)
+class WorkerInfo:
+    """A worker as the registry knows it.
+
+    :param uid: identity, unique across the pool's lifetime.
+    :param address: gRPC target, ``unix:/path`` or ``host:port``.
+    :param pid: the worker's process id (in its own pid namespace).
+    :param version: the worker's software version.
+    :param tags: labels that tasks may require.
+    :param extra: free-form string metadata.
+    :param status: ``"ready"`` or ``"draining"``.
+    :param capacity: how many tasks the worker runs at once (>= 1).
+    :raises ValueError: if a field is out of range.
+    """
+
+    uid: UUID
+    address: str
+    pid: int
+    version: str
+    tags: frozenset[str] = frozenset()
+    extra: Mapping[str, str] = dataclasses.field(
+        default_factory=lambda: MappingProxyType({}), hash=False
+    )
+    status: Status = "ready"
+    capacity: int = 1
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.uid, UUID):
+            raise ValueError(f"uid must be a UUID, got {self.uid!r}")
+        if self.status not in STATUSES:
+            raise ValueError(
+                f"status must be 'ready' or 'draining', got {self.status!r}"
+            )
+        if self.capacity < 1:
+            raise ValueError(f"capacity must be at least 1, got {self.capacity}")
+        if self.pid < 0:
+            raise ValueError(f"pid must not be negative, got {self.pid}")
+        # Freeze the containers too, so an info can be shared without copies.
+        object.__setattr__(self, "tags", frozenset(self.tags))
+        object.__setattr__(self, "extra", MappingProxyType(dict(self.extra)))
+
+    def to_protobuf(self) -> worker_info_pb2.WorkerInfo:
+        """The protobuf message of this info."""
+        return worker_info_pb2.WorkerInfo(
+            uid=self.uid.bytes,
+            address=self.address,
+            pid=self.pid,
+            version=self.version,
+            tags=sorted(self.tags),
+            extra=dict(self.extra),
+            status=self.status,
+            capacity=self.capacity,
+        )
+
+    @classmethod
+    def from_protobuf(cls, message: worker_info_pb2.WorkerInfo) -> WorkerInfo:
+        """Build an info from its protobuf message.
+
+        :raises ValueError: if the message holds an invalid field.
+        """
+        if len(message.uid) != 16:
+            raise ValueError(f"uid must be 16 bytes, got {len(message.uid)}")
+        status = message.status
+        if status not in STATUSES:
+            raise ValueError(f"status must be 'ready' or 'draining', got {status!r}")
+        return cls(
+            uid=UUID(bytes=message.uid),
+            address=message.address,
+            pid=message.pid,
+            version=message.version,
+            tags=frozenset(message.tags),
+            extra=dict(message.extra),
+            status=status,  # type: ignore[arg-type]  # checked just above
+            capacity=message.capacity,
+        )
+
+    def encode(self) -> bytes:
+        """The deterministic wire bytes of this info."""
+        return bytes(self.to_protobuf().SerializeToString(deterministic=True))
+
+    @classmethod
+    def decode(cls, data: bytes) -> WorkerInfo:
+        """Parse wire bytes.
+
+        :raises ValueError: if the bytes are not a valid info.
+        """
+        try:
+            message = worker_info_pb2.WorkerInfo.FromString(data)
+        except DecodeError as exc:
+            raise ValueError(f"undecodable WorkerInfo: {exc}") from exc
+        return cls.from_protobuf(message)
+
+
+@dataclasses.dataclass(frozen=True)
+class DiscoveryEvent:
+    """One step of a worker's life, as a subscriber sees it.
+
+    :param type: ``"worker-added"``, ``"worker-updated"`` or
+        ``"worker-dropped"``.
+    :param worker_info: the worker's info; for a drop, its last known info.
+    """
+
+    type: EventType
+    worker_info: WorkerInfo

@@ -1,0 +1,432 @@
+"""The shared-memory registry of one namespace, and its lock.
+
+The only module that touches shared memory or the registry lock. Callers:
+:mod:`discovery.local` (creates and owns a namespace), :mod:`publisher`
+(writes under the lock) and :mod:`subscriber` (reads without it).
+
+One segment per namespace, ``/dev/shm/shmp-<hash>``, mapped with
+``os.open`` + ``mmap`` so that no resource tracker ever hears of it (on
+Python < 3.13, ``SharedMemory(name)`` would let a killed attacher's tracker
+unlink a segment it does not own). Only the creator unlinks. Layout, all
+little-endian, every field 8-byte aligned::
+
+    header  64 B   magic, layout version, capacity, block size, ring size,
+                   state, owner pid, generation (bumped on every change)
+    ring    R x 8  the slot changed at generation g, at index g % R,
+                   packed (g << 24) | slot: a reader that is fewer than R
+                   changes behind reads only the slots that changed
+    slots   capacity x (32 B + block)
+                   version, uid, pid, length, then the encoded WorkerInfo
+
+Writers hold the exclusive lock file (portalocker, non-blocking attempts
+with capped back-off, bounded by a deadline). Readers take no lock: a slot
+is a seqlock. Its version is odd while a write is under way; a reader
+copies the slot and keeps the copy only if the version was even and
+unchanged around it. Limits: at most 2**24 slots; generations wrap after
+2**40 changes, long after any pool's life.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import mmap
+import os
+import stat
+import struct
+import time
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager, contextmanager, suppress
+from dataclasses import dataclass
+from typing import Final, Self
+from uuid import UUID
+
+import portalocker
+
+from discovery import paths
+from discovery.errors import (
+    LockTimeout,
+    NamespaceNotFound,
+    RegistryCorrupt,
+    RegistryMismatch,
+    UnsafeRuntimeDirectory,
+)
+
+log = logging.getLogger(__name__)
+
+MAGIC: Final = b"SHMPREG\x00"
+LAYOUT_VERSION: Final = 1
+LOCK_TIMEOUT_S: Final = 30.0
+MAX_CAPACITY: Final = 1 << 24
+MAX_BLOCK_SIZE: Final = 1 << 20
+
+_HEADER: Final = struct.Struct("<8sIIIIIIQ")  # ... state, owner pid, generation
+_HEADER_SIZE: Final = 64
+_GENERATION_OFFSET: Final = 32
+_STATE_OFFSET: Final = 24
+_U64: Final = struct.Struct("<Q")
+_U32: Final = struct.Struct("<I")
+_SLOT: Final = struct.Struct("<Q16sII")  # version, uid, pid, length
+_SLOT_BODY: Final = struct.Struct("<16sII")  # the slot after its version
+_RING_GEN_MASK: Final = (1 << 40) - 1
+_RING_SLOT_MASK: Final = (1 << 24) - 1
+_NULL_UID: Final = bytes(16)
+
+STATE_OPEN: Final = 1
+STATE_CLOSED: Final = 2
+
+
+def ring_size_for(capacity: int) -> int:
+    """Ring entries for a capacity: enough for every slot to change once."""
+    return max(256, capacity)
+
+
+def segment_size(capacity: int, block_size: int) -> int:
+    """Bytes of the segment for a capacity and a block size."""
+    return (
+        _HEADER_SIZE + ring_size_for(capacity) * 8 + capacity * _slot_stride(block_size)
+    )
+
+
+def _slot_stride(block_size: int) -> int:
+    return _SLOT.size + (block_size + 7) // 8 * 8
+
+
+@dataclass(frozen=True, slots=True)
+class SlotRead:
+    """A consistent copy of one slot. ``data`` is None when ``length`` is bad."""
+
+    version: int
+    uid: UUID | None
+    pid: int
+    data: bytes | None
+
+
+class Registry:
+    """A mapping of one namespace's segment.
+
+    Use :meth:`create` or :meth:`attach`; :meth:`close` releases the
+    mapping, and only the creator calls :meth:`unlink`.
+    """
+
+    def __init__(self, namespace: str, fd: int, created: bool) -> None:
+        self.namespace = namespace
+        self.created = created
+        size = os.fstat(fd).st_size
+        try:
+            self._mmap = mmap.mmap(fd, size)
+        finally:
+            os.close(fd)
+        self._buf: memoryview | None = memoryview(self._mmap)
+        self.capacity = 0
+        self.block_size = 0
+        self.ring_size = 0
+        self._slots_at = 0
+        self._stride = 0
+
+    # -- lifecycle ---------------------------------------------------------
+
+    @classmethod
+    def create(cls, namespace: str, *, capacity: int, block_size: int) -> Self:
+        """Create the namespace's segment; the caller holds the lock.
+
+        :raises FileExistsError: if the segment already exists.
+        """
+        if not 1 <= capacity <= MAX_CAPACITY:
+            raise ValueError(f"capacity must be 1 to {MAX_CAPACITY}, got {capacity}")
+        if not 1 <= block_size <= MAX_BLOCK_SIZE:
+            raise ValueError(
+                f"block_size must be 1 to {MAX_BLOCK_SIZE}, got {block_size}"
+            )
+        path = paths.SHM_DIR / paths.segment_name(namespace)
+        flags = os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+        fd = os.open(path, flags, 0o600)
+        try:
+            os.ftruncate(fd, segment_size(capacity, block_size))
+        except BaseException:
+            os.close(fd)
+            os.unlink(path)
+            raise
+        self = cls(namespace, fd, created=True)
+        ring = ring_size_for(capacity)
+        fields = (b"", LAYOUT_VERSION, capacity, block_size, ring, STATE_OPEN)
+        _HEADER.pack_into(self._view, 0, *fields, os.getpid(), 0)
+        self._view[:8] = MAGIC  # last: an attacher waits for it
+        self._load_header()
+        return self
+
+    @classmethod
+    def attach(cls, namespace: str) -> Self:
+        """Map an existing namespace's segment.
+
+        :raises NamespaceNotFound: if it does not exist (or is still being
+            created).
+        :raises RegistryCorrupt: if it is not a registry this version knows.
+        :raises UnsafeRuntimeDirectory: if another user owns it or may write it.
+        """
+        path = paths.SHM_DIR / paths.segment_name(namespace)
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC)
+        except FileNotFoundError:
+            raise NamespaceNotFound(namespace) from None
+        try:
+            _check_segment_owner(path, fd)
+            if os.fstat(fd).st_size < _HEADER_SIZE:
+                raise NamespaceNotFound(namespace)
+        except BaseException:
+            os.close(fd)
+            raise
+        self = cls(namespace, fd, created=False)
+        try:
+            self._load_header()
+        except BaseException:
+            self.close()
+            raise
+        return self
+
+    def check_layout(self, capacity: int, block_size: int) -> None:
+        """Refuse a registry whose layout differs from the one asked for."""
+        if (self.capacity, self.block_size) != (capacity, block_size):
+            found = f"capacity {self.capacity} and block size {self.block_size}"
+            raise RegistryMismatch(
+                self.namespace, capacity=capacity, block_size=block_size, found=found
+            )
+
+    def _load_header(self) -> None:
+        magic, layout, capacity, block_size, ring, _state, _pid, _gen = (
+            _HEADER.unpack_from(self._view, 0)
+        )
+        if magic == bytes(8):
+            raise NamespaceNotFound(self.namespace)
+        if magic != MAGIC:
+            raise RegistryCorrupt(self.namespace, f"bad magic {magic!r}")
+        if layout != LAYOUT_VERSION:
+            raise RegistryCorrupt(self.namespace, f"layout version {layout}")
+        ok = (
+            1 <= capacity <= MAX_CAPACITY
+            and 1 <= block_size <= MAX_BLOCK_SIZE
+            and ring == ring_size_for(capacity)
+        )
+        if not ok or len(self._view) < segment_size(capacity, block_size):
+            raise RegistryCorrupt(
+                self.namespace,
+                f"capacity {capacity}, block size {block_size} and ring {ring} "
+                f"do not fit a segment of {len(self._view)} bytes",
+            )
+        self.capacity, self.block_size, self.ring_size = capacity, block_size, ring
+        self._slots_at = _HEADER_SIZE + ring * 8
+        self._stride = _slot_stride(block_size)
+
+    @property
+    def _view(self) -> memoryview:
+        if self._buf is None:
+            raise ValueError(f"registry of {self.namespace!r} is closed")
+        return self._buf
+
+    def close(self) -> None:
+        """Release the mapping. Never raises."""
+        if self._buf is not None:
+            self._buf.release()
+            self._buf = None
+            try:
+                self._mmap.close()
+            except (BufferError, ValueError):  # pragma: no cover - defensive
+                log.warning("registry of %r: mapping still exported", self.namespace)
+
+    def unlink(self) -> None:
+        """Remove the segment name (the creator only). Never raises."""
+        with suppress(OSError):
+            os.unlink(paths.SHM_DIR / paths.segment_name(self.namespace))
+
+    # -- header ------------------------------------------------------------
+
+    @property
+    def generation(self) -> int:
+        """How many changes the registry has seen."""
+        return int(_U64.unpack_from(self._view, _GENERATION_OFFSET)[0])
+
+    @property
+    def closed(self) -> bool:
+        """True once the owner has closed the namespace."""
+        return bool(_U32.unpack_from(self._view, _STATE_OFFSET)[0] == STATE_CLOSED)
+
+    def mark_closed(self) -> None:
+        """Mark the namespace closed and announce it (under the lock)."""
+        _U32.pack_into(self._view, _STATE_OFFSET, STATE_CLOSED)
+        self._bump(0)
+
+    def changed_slots(self, since: int) -> tuple[int, list[int] | None]:
+        """The generation now and the slots changed after ``since``.
+
+        :returns: ``(generation, slots)``; ``slots`` is None when the ring no
+            longer covers ``since`` and the caller must compare every slot.
+        """
+        view, ring = self._view, self.ring_size
+        now = self.generation
+        if now == since:
+            return now, []
+        if not 0 < now - since <= ring:
+            return now, None
+        slots = []
+        for gen in range(since + 1, now + 1):
+            entry = _U64.unpack_from(view, _HEADER_SIZE + gen % ring * 8)[0]
+            if entry >> 24 != gen & _RING_GEN_MASK:
+                return now, None
+            slots.append(entry & _RING_SLOT_MASK)
+        if self.generation - since > ring:  # lapped while we read the ring
+            return now, None
+        return now, slots
+
+    # -- slots: readers ----------------------------------------------------
+
+    def slot_version(self, index: int) -> int:
+        """The slot's seqlock version (odd while a write is under way)."""
+        offset = self._slots_at + index * self._stride
+        return int(_U64.unpack_from(self._view, offset)[0])
+
+    def read_slot(self, index: int) -> SlotRead | None:
+        """A consistent copy of a slot, or None while a write is under way."""
+        view, offset = self._view, self._slots_at + index * self._stride
+        version, uid, pid, length = _SLOT.unpack_from(view, offset)
+        if version & 1:
+            return None
+        data = None
+        if length <= self.block_size:
+            start = offset + _SLOT.size
+            data = bytes(view[start : start + length])
+        if _U64.unpack_from(view, offset)[0] != version:
+            return None
+        owner = None if uid == _NULL_UID else UUID(bytes=uid)
+        return SlotRead(version, owner, pid, data)
+
+    # -- slots: writers (caller holds the lock) ----------------------------
+
+    def find(self, uid: UUID, hint: int | None = None) -> int | None:
+        """The slot holding ``uid``, trying ``hint`` first."""
+        if hint is not None and self._slot_uid(hint) == uid.bytes:
+            return hint
+        for index in range(self.capacity):
+            if self._slot_uid(index) == uid.bytes:
+                return index
+        return None
+
+    def find_free(self) -> int | None:
+        """A slot holding no worker."""
+        for index in range(self.capacity):
+            if self._slot_uid(index) == _NULL_UID:
+                return index
+        return None
+
+    def write_slot(self, index: int, uid: UUID | None, pid: int, data: bytes) -> None:
+        """Write a slot (``uid=None`` clears it) and announce the change."""
+        if len(data) > self.block_size:
+            raise ValueError(f"{len(data)} bytes do not fit a {self.block_size} block")
+        view, offset = self._view, self._slots_at + index * self._stride
+        version = _U64.unpack_from(view, offset)[0]
+        version += 1 + (version & 1)  # odd: a write is under way
+        _U64.pack_into(view, offset, version)
+        raw_uid = _NULL_UID if uid is None else uid.bytes
+        _SLOT_BODY.pack_into(view, offset + 8, raw_uid, pid, len(data))
+        start = offset + _SLOT.size
+        view[start : start + len(data)] = data
+        _U64.pack_into(view, offset, version + 1)
+        self._bump(index)
+
+    def _slot_uid(self, index: int) -> bytes:
+        offset = self._slots_at + index * self._stride + 8
+        return bytes(self._view[offset : offset + 16])
+
+    def _bump(self, index: int) -> None:
+        view = self._view
+        generation = self.generation + 1
+        entry = (generation & _RING_GEN_MASK) << 24 | index
+        _U64.pack_into(view, _HEADER_SIZE + generation % self.ring_size * 8, entry)
+        _U64.pack_into(view, _GENERATION_OFFSET, generation)
+
+
+def _check_segment_owner(path: os.PathLike[str], fd: int) -> None:
+    st = os.fstat(fd)
+    if st.st_uid != os.geteuid():
+        raise UnsafeRuntimeDirectory(
+            path,
+            f"the segment belongs to uid {st.st_uid}",
+            "use a namespace of your own",
+        )
+    if stat.S_IMODE(st.st_mode) & 0o077:
+        raise UnsafeRuntimeDirectory(
+            path,
+            f"the segment's mode is {stat.S_IMODE(st.st_mode):04o}",
+            "remove it, or use another namespace",
+        )
+
+
+class RegistryLock:
+    """The namespace's exclusive cross-process writer lock.
+
+    A flock on ``<namespace dir>/lock`` through portalocker. The kernel
+    releases it when the holder dies, however it dies. Waits are
+    non-blocking attempts with capped exponential back-off (never a spin,
+    never a blocking flock in a thread) bounded by ``timeout_s``.
+    """
+
+    def __init__(self, namespace: str, timeout_s: float = LOCK_TIMEOUT_S) -> None:
+        if timeout_s <= 0:
+            raise ValueError(f"timeout_s must be positive, got {timeout_s}")
+        self.namespace, self.timeout_s = namespace, timeout_s
+        lock_path = paths.namespace_dir(namespace) / paths.LOCK_FILE
+        self._fd: int | None = paths.open_private_file(lock_path)
+
+    def close(self) -> None:
+        """Close the lock file (releasing the lock if held). Never raises."""
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+
+    def _try(self) -> bool:
+        if self._fd is None:
+            raise ValueError(f"lock of {self.namespace!r} is closed")
+        flags = portalocker.LockFlags.EXCLUSIVE | portalocker.LockFlags.NON_BLOCKING
+        try:
+            portalocker.lock(self._fd, flags)
+        except portalocker.AlreadyLocked:
+            return False
+        return True
+
+    def _release(self) -> None:
+        if self._fd is not None:
+            portalocker.unlock(self._fd)
+
+    def _delays(self) -> Iterator[float]:
+        """Back-off delays until the deadline, then :class:`LockTimeout`."""
+        deadline = time.monotonic() + self.timeout_s
+        delay = 0.0002
+        while (left := deadline - time.monotonic()) > 0:
+            yield min(delay, left)
+            delay = min(delay * 2, 0.02)
+        raise LockTimeout(self.namespace, self.timeout_s)
+
+    @contextmanager
+    def hold(self) -> Iterator[None]:
+        """Hold the lock, waiting (blocking this thread) up to ``timeout_s``."""
+        if not self._try():
+            for delay in self._delays():
+                time.sleep(delay)
+                if self._try():
+                    break
+        try:
+            yield
+        finally:
+            self._release()
+
+    @asynccontextmanager
+    async def hold_async(self) -> AsyncIterator[None]:
+        """Hold the lock, waiting on the event loop up to ``timeout_s``."""
+        if not self._try():
+            for delay in self._delays():
+                await asyncio.sleep(delay)
+                if self._try():
+                    break
+        try:
+            yield
+        finally:
+            self._release()

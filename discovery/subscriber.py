@@ -1,0 +1,278 @@
+"""Following a namespace's registry as a stream of lifecycle events.
+
+:class:`Subscriber` is an async iterable; each iteration opens its own
+stream (a :class:`_Follower`), which owns a mapping of the registry and a
+watch on the namespace's directory (through :mod:`discovery.watch`) for as
+long as the stream runs. A stream:
+
+1. waits for the namespace to exist: it watches the runtime directory for
+   the namespace's directory to appear, then that directory for its
+   notification file, and also polls, so it may start before anything else;
+2. reads the whole registry once, then on each wake-up only the slots whose
+   change it has not seen (the registry's ring; see :mod:`registry`);
+3. when the owner closes the namespace, reports every known worker dropped
+   and goes back to waiting.
+
+Events are state transitions: a worker that changes twice between two
+looks is reported once, with its latest info, but never out of order (an
+added before its updates, its drop last), and ``worker-updated`` only when
+the entry's content changed. A slot that fails to decode is skipped with
+one warning and the stream goes on; a slot caught mid-write is read again
+on the next wake-up or poll.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator, Callable, Iterable
+from dataclasses import dataclass
+from typing import Any, Final
+from uuid import UUID
+
+from discovery import paths, watch
+from discovery.errors import NamespaceNotFound
+from discovery.info import DiscoveryEvent, WorkerInfo
+from discovery.registry import Registry, SlotRead
+
+log = logging.getLogger(__name__)
+
+POLL_INTERVAL_S: Final = 1.0
+_NOTIFY_NAMES: Final = frozenset({paths.NOTIFY_FILE})
+
+Filter = Callable[[WorkerInfo], bool]
+
+
+@dataclass
+class SubscriberStats:
+    """Counters of a subscriber's work, summed over its streams."""
+
+    wakeups: int = 0  # returns from waiting (a notification or a poll)
+    scans: int = 0  # looks at the registry that found a new generation
+    slots_read: int = 0  # slot copies taken
+
+
+class Subscriber:
+    """An async iterable of the :class:`DiscoveryEvent` of one namespace.
+
+    :param namespace: the namespace to follow; it need not exist yet.
+    :param filter: keep only workers for which it returns True. A worker
+        that stops matching is reported dropped; one that starts, added.
+    :param poll_interval: seconds between looks when no notification comes
+        (default 1 s); a missed notification only delays an event this long.
+    :raises InvalidNamespace: if ``namespace`` is not a valid name.
+    :raises ValueError: if ``poll_interval`` is not positive.
+    """
+
+    def __init__(
+        self,
+        namespace: str,
+        filter: Filter | None = None,
+        *,
+        poll_interval: float | None = None,
+    ) -> None:
+        self._namespace = paths.validate_namespace(namespace)
+        if poll_interval is not None and not poll_interval > 0:
+            raise ValueError(f"poll_interval must be positive, got {poll_interval}")
+        self._filter = filter
+        self._poll_interval = poll_interval
+        self.stats = SubscriberStats()
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (
+            _rebuild_subscriber,
+            (self._namespace, self._filter, self._poll_interval),
+        )
+
+    @property
+    def namespace(self) -> str:
+        """The namespace this subscriber follows."""
+        return self._namespace
+
+    @property
+    def poll_interval(self) -> float:
+        """Seconds between looks when no notification comes."""
+        return self._poll_interval or POLL_INTERVAL_S
+
+    def __aiter__(self) -> AsyncIterator[DiscoveryEvent]:
+        return self._stream()
+
+    async def _stream(self) -> AsyncIterator[DiscoveryEvent]:
+        follower = _Follower(self)
+        try:
+            while True:
+                for event in await follower.next_batch():
+                    yield event
+        finally:
+            follower.close()
+
+
+def _rebuild_subscriber(
+    namespace: str, filter: Filter | None, poll_interval: float | None
+) -> Subscriber:
+    return Subscriber(namespace, filter, poll_interval=poll_interval)
+
+
+@dataclass(slots=True)
+class _Known:
+    version: int
+    uid: UUID | None
+    info: WorkerInfo | None  # None: the slot is empty or never decoded
+    shown: bool  # reported to the consumer (passed the filter)
+
+
+class _Follower:
+    """One stream's state: its mapping, its watch and what it has reported."""
+
+    def __init__(self, subscriber: Subscriber) -> None:
+        self._namespace = subscriber.namespace
+        self._filter = subscriber._filter
+        self._poll_s = subscriber.poll_interval
+        self._stats = subscriber.stats
+        self._loop = asyncio.get_running_loop()
+        self._wake = asyncio.Event()
+        self._handle: watch.Handle | None = None
+        self._registry: Registry | None = None
+        self._generation = 0
+        self._slots: dict[int, _Known] = {}
+        self._pending: set[int] = set()  # slots caught mid-write
+
+    def close(self) -> None:
+        watch.unwatch(self._handle)
+        self._handle = None
+        if self._registry is not None:
+            self._registry.close()
+            self._registry = None
+
+    async def next_batch(self) -> list[DiscoveryEvent]:
+        """Wait for the next change and return its events (maybe none)."""
+        if self._registry is None:
+            self._attach()
+        if self._registry is not None:
+            events = self._scan()
+            if events:
+                return events
+        await self._wait()
+        return []
+
+    def _on_change(self) -> None:  # observer thread
+        self._loop.call_soon_threadsafe(self._wake.set)
+
+    async def _wait(self) -> None:
+        try:
+            async with asyncio.timeout(self._poll_s):
+                await self._wake.wait()
+        except TimeoutError:
+            pass
+        self._wake.clear()
+        self._stats.wakeups += 1
+
+    def _attach(self) -> None:
+        """Watch, then look: a change between the two is never missed."""
+        directory = paths.namespace_dir(self._namespace, create=False)
+        exists = directory.is_dir()
+        if exists:  # wait for the registry's notifications
+            target, names = directory, _NOTIFY_NAMES
+        else:  # wait for the namespace's directory to appear
+            target, names = directory.parent, frozenset({directory.name})
+        if not watch.alive(self._handle) or self._handle.directory != str(target):
+            watch.unwatch(self._handle)
+            self._handle = watch.watch(target, self._on_change, names)
+        if not exists:
+            if directory.is_dir():  # it appeared between the look and the watch
+                self._wake.set()
+            return
+        try:
+            self._registry = Registry.attach(self._namespace)
+        except NamespaceNotFound:
+            return
+        self._generation, self._slots, self._pending = 0, {}, set()
+
+    def _scan(self) -> list[DiscoveryEvent]:
+        registry = self._registry
+        assert registry is not None
+        if registry.closed:
+            return self._detach()
+        generation, changed = registry.changed_slots(self._generation)
+        if generation == self._generation and not self._pending:
+            return []
+        self._stats.scans += 1
+        self._generation = generation
+        indexes: Iterable[int] = range(registry.capacity)
+        if changed is not None:
+            indexes = dict.fromkeys([*self._pending, *changed])
+        reads = {}
+        for index in indexes:
+            if changed is None and index not in self._pending:
+                known = self._slots.get(index)
+                if known is not None and registry.slot_version(index) == known.version:
+                    continue
+                if known is None and registry.slot_version(index) == 0:
+                    continue
+            read = registry.read_slot(index)
+            self._stats.slots_read += 1
+            if read is None:
+                self._pending.add(index)
+            else:
+                self._pending.discard(index)
+                reads[index] = read
+        return self._apply(reads)
+
+    def _detach(self) -> list[DiscoveryEvent]:
+        """The owner closed the namespace: everything known is dropped."""
+        events = [
+            DiscoveryEvent("worker-dropped", known.info)
+            for known in self._slots.values()
+            if known.shown and known.info is not None
+        ]
+        if self._registry is not None:
+            self._registry.close()
+            self._registry = None
+        self._slots, self._pending = {}, set()
+        return events
+
+    def _apply(self, reads: dict[int, SlotRead]) -> list[DiscoveryEvent]:
+        """Turn fresh slot copies into events: every drop before any add."""
+        drops: list[DiscoveryEvent] = []
+        others: list[DiscoveryEvent] = []
+        for index, read in reads.items():
+            known = self._slots.get(index)
+            if known is not None and known.version == read.version:
+                continue
+            info = self._decode(index, read)
+            if known is not None and known.uid == read.uid and info is None:
+                known.version = read.version  # undecodable: keep the old info
+                continue
+            shown = info is not None and (self._filter is None or self._filter(info))
+            was_shown = known is not None and known.shown and known.info is not None
+            same_worker = known is not None and known.uid == read.uid
+            if was_shown and not (same_worker and shown):
+                assert known is not None and known.info is not None
+                drops.append(DiscoveryEvent("worker-dropped", known.info))
+            if shown and info is not None:
+                if not (same_worker and was_shown):
+                    others.append(DiscoveryEvent("worker-added", info))
+                elif known is not None and known.info != info:
+                    others.append(DiscoveryEvent("worker-updated", info))
+            self._slots[index] = _Known(read.version, read.uid, info, shown)
+        return drops + others
+
+    def _decode(self, index: int, read: SlotRead) -> WorkerInfo | None:
+        if read.uid is None:
+            return None
+        try:
+            if read.data is None:
+                raise ValueError("its length runs past the block")
+            info = WorkerInfo.decode(read.data)
+            if info.uid != read.uid:
+                raise ValueError(f"it holds uid {info.uid}, the slot {read.uid}")
+        except ValueError as exc:
+            log.warning(
+                "namespace %r: skipping slot %d (version %d): %s",
+                self._namespace,
+                index,
+                read.version,
+                exc,
+            )
+            return None
+        return info
