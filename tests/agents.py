@@ -1,0 +1,131 @@
+"""Helper processes for cross-process tests: ``python -m tests.agents ROLE NS``.
+
+Each reads JSON commands on stdin, one a line, and answers JSON lines on
+stdout; end of stdin means exit cleanly. Roles:
+
+- ``publish NS [--create]``: publishes add/update/drop commands (creating
+  the namespace first with ``--create``).
+- ``subscribe NS``: prints every event of the namespace.
+- ``attach NS``: attaches as a non-owner and reports its child processes.
+- ``churn NS COUNT``: adds and drops COUNT workers as fast as it can.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import sys
+import uuid
+from typing import Any
+
+import uvloop
+
+from discovery import DiscoveryEvent, LocalDiscovery, Publisher, Subscriber, WorkerInfo
+from tests.helpers import children_of
+
+
+def say(**message: Any) -> None:
+    sys.stdout.write(json.dumps(message) + "\n")
+    sys.stdout.flush()
+
+
+def event_json(event: DiscoveryEvent) -> dict[str, Any]:
+    info = event.worker_info
+    return {
+        "kind": "event",
+        "type": event.type,
+        "uid": str(info.uid),
+        "status": info.status,
+        "version": info.version,
+        "tags": sorted(info.tags),
+    }
+
+
+def info_of(command: dict[str, Any]) -> WorkerInfo:
+    return WorkerInfo(
+        uid=uuid.UUID(command["uid"]),
+        address=command.get("address", "unix:/nowhere"),
+        pid=os.getpid(),
+        version=command.get("version", "1"),
+        tags=frozenset(command.get("tags", ())),
+        status=command.get("status", "ready"),
+    )
+
+
+async def commands() -> Any:
+    loop = asyncio.get_running_loop()
+    while line := await loop.run_in_executor(None, sys.stdin.readline):
+        yield json.loads(line)
+
+
+async def publish(namespace: str, create: bool) -> None:
+    with contextlib.ExitStack() as stack:
+        if create:
+            stack.enter_context(LocalDiscovery(namespace))
+        async with Publisher(namespace) as publisher:
+            say(kind="ready", pid=os.getpid())
+            async for command in commands():
+                try:
+                    await publisher.publish(command["op"], info_of(command))
+                except Exception as exc:
+                    say(error=f"{type(exc).__name__}: {exc}")
+                else:
+                    say(kind="ok")
+
+
+async def subscribe(namespace: str) -> None:
+    stream = Subscriber(namespace, poll_interval=5.0).__aiter__()
+    say(kind="ready", pid=os.getpid())
+    async for event in stream:
+        say(**event_json(event))
+
+
+async def attach(namespace: str) -> None:
+    with LocalDiscovery(namespace) as discovery:
+        async with discovery.publisher:
+            stream = discovery.subscriber.__aiter__()
+            first = await anext(stream)
+            say(
+                kind="ready", first=event_json(first), children=children_of(os.getpid())
+            )
+            async for _ in commands():
+                pass
+            await stream.aclose()  # type: ignore[attr-defined]
+
+
+async def churn(namespace: str, count: int) -> None:
+    async with Publisher(namespace) as publisher:
+        say(kind="ready", pid=os.getpid())
+        for _ in range(count):
+            info = WorkerInfo(uuid.uuid4(), "unix:/churn", os.getpid(), "1")
+            await publisher.publish("worker-added", info)
+            await publisher.publish("worker-dropped", info)
+        say(kind="done")
+        async for _ in commands():
+            pass
+
+
+def main() -> None:
+    role, namespace, *rest = sys.argv[1:]
+    match role:
+        case "publish":
+            coro = publish(namespace, "--create" in rest)
+        case "subscribe":
+            coro = subscribe(namespace)
+        case "attach":
+            coro = attach(namespace)
+        case "churn":
+            coro = churn(namespace, int(rest[0]))
+        case _:
+            raise SystemExit(f"unknown role {role!r}")
+    try:
+        uvloop.run(coro)
+    except Exception as exc:
+        say(error=f"{type(exc).__name__}: {exc}")
+        raise
+
+
+if __name__ == "__main__":
+    main()

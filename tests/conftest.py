@@ -1,0 +1,67 @@
+"""Shared fixtures: an isolated runtime directory, unique namespaces, and an
+autouse check that each test leaves no segment, no runtime file and no
+child process behind (cleaning up even when it fails)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import tempfile
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from discovery import paths
+from tests.helpers import children_of
+
+_RUNTIME = tempfile.mkdtemp(prefix="shmp-test-runtime-")
+os.chmod(_RUNTIME, 0o700)
+os.environ["XDG_RUNTIME_DIR"] = _RUNTIME  # children inherit it
+
+
+@pytest.fixture
+def make_namespace() -> Iterator[Callable[[], str]]:
+    """A factory of namespaces unique to this test, checked for leaks after."""
+    made: list[str] = []
+
+    def make() -> str:
+        name = f"t-{uuid.uuid4().hex[:16]}"
+        made.append(name)
+        return name
+
+    yield make
+    problems = []
+    for name in made:
+        segment = paths.SHM_DIR / paths.segment_name(name)
+        if segment.exists():
+            problems.append(f"segment {segment} left behind")
+            segment.unlink()
+        directory = paths.namespace_dir(name, create=False)
+        if directory.exists():
+            problems.append(f"runtime files left: {sorted(os.listdir(directory))}")
+            paths.remove_namespace_dir(name)
+    assert not problems, problems
+
+
+@pytest.fixture
+def namespace(make_namespace: Callable[[], str]) -> str:
+    return make_namespace()
+
+
+@pytest.fixture(autouse=True)
+def no_stray_children() -> Iterator[None]:
+    yield
+    strays = children_of(os.getpid())
+    for pid in strays:
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+    assert not strays, f"test left child processes {strays}"
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    runtime = Path(_RUNTIME)
+    for entry in sorted(runtime.rglob("*"), reverse=True):
+        entry.rmdir() if entry.is_dir() else entry.unlink()
+    runtime.rmdir()

@@ -1,0 +1,127 @@
+"""Starting helper processes and waiting on them, always with a deadline."""
+
+from __future__ import annotations
+
+import json
+import os
+import selectors
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+DEADLINE_S = 10.0
+
+
+class Agent:
+    """A child Python process that speaks JSON lines on stdin and stdout."""
+
+    def __init__(self, *args: str) -> None:
+        env = {**os.environ, "PYTHONPATH": str(ROOT)}
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "tests.agents", *args],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            env=env,
+            cwd=ROOT,
+            text=True,
+            bufsize=1,
+        )
+        self.pid = self.proc.pid
+
+    def send(self, **command: Any) -> None:
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(json.dumps(command) + "\n")
+        self.proc.stdin.flush()
+
+    def read(self, timeout_s: float = DEADLINE_S) -> dict[str, Any]:
+        """The next line the agent prints, parsed; fails past the deadline."""
+        assert self.proc.stdout is not None
+        with selectors.DefaultSelector() as sel:
+            sel.register(self.proc.stdout, selectors.EVENT_READ)
+            if not sel.select(timeout_s):
+                raise TimeoutError(f"agent {self.pid} said nothing in {timeout_s} s")
+        line = self.proc.stdout.readline()
+        if not line:
+            raise EOFError(f"agent {self.pid} exited: {self.stderr()}")
+        message: dict[str, Any] = json.loads(line)
+        if "error" in message:
+            raise AssertionError(f"agent {self.pid} failed: {message['error']}")
+        return message
+
+    def expect(self, kind: str, timeout_s: float = DEADLINE_S) -> dict[str, Any]:
+        message = self.read(timeout_s)
+        assert message.get("kind") == kind, message
+        return message
+
+    def call(self, **command: Any) -> dict[str, Any]:
+        self.send(**command)
+        return self.expect("ok")
+
+    def stderr(self) -> str:
+        if self.proc.poll() is None or self.proc.stderr is None:
+            return ""
+        return self.proc.stderr.read()
+
+    def stop(self) -> int:
+        """Close its stdin (it exits cleanly), killing it past the deadline."""
+        if self.proc.stdin and not self.proc.stdin.closed:
+            try:
+                self.proc.stdin.close()
+            except BrokenPipeError:
+                pass
+        try:
+            return self.proc.wait(DEADLINE_S)
+        except subprocess.TimeoutExpired:
+            self.kill()
+            return self.proc.wait(DEADLINE_S)
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            os.kill(self.pid, signal.SIGKILL)
+        self.proc.wait(DEADLINE_S)
+
+
+@contextmanager
+def agent(*args: str) -> Iterator[Agent]:
+    """An agent that is stopped, or killed, whatever the test does."""
+    a = Agent(*args)
+    try:
+        yield a
+    finally:
+        if a.proc.poll() is None:
+            a.kill()
+        for stream in (a.proc.stdin, a.proc.stdout, a.proc.stderr):
+            if stream is not None:
+                try:
+                    stream.close()
+                except OSError:
+                    pass
+
+
+def wait_until(predicate: Callable[[], bool], timeout_s: float = DEADLINE_S) -> None:
+    """Poll ``predicate`` (with back-off) until it holds or the deadline passes."""
+    deadline = time.monotonic() + timeout_s
+    delay = 0.001
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"condition not met within {timeout_s} s")
+        time.sleep(delay)
+        delay = min(delay * 2, 0.05)
+
+
+def children_of(pid: int) -> list[int]:
+    """Live child pids of ``pid`` (Linux /proc)."""
+    found: list[int] = []
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            found += [int(p) for p in (task / "children").read_text().split()]
+        except OSError:
+            pass
+    return found
