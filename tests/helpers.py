@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
-import selectors
+import queue
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +36,15 @@ class Agent:
             bufsize=1,
         )
         self.pid = self.proc.pid
+        self._lines: queue.Queue[str] = queue.Queue()
+        threading.Thread(target=self._pump, daemon=True).start()
+
+    def _pump(self) -> None:
+        assert self.proc.stdout is not None
+        with contextlib.suppress(ValueError, OSError):  # closed under us
+            for line in self.proc.stdout:
+                self._lines.put(line)
+        self._lines.put("")  # end of output
 
     def send(self, **command: Any) -> None:
         assert self.proc.stdin is not None
@@ -42,13 +53,14 @@ class Agent:
 
     def read(self, timeout_s: float = DEADLINE_S) -> dict[str, Any]:
         """The next line the agent prints, parsed; fails past the deadline."""
-        assert self.proc.stdout is not None
-        with selectors.DefaultSelector() as sel:
-            sel.register(self.proc.stdout, selectors.EVENT_READ)
-            if not sel.select(timeout_s):
-                raise TimeoutError(f"agent {self.pid} said nothing in {timeout_s} s")
-        line = self.proc.stdout.readline()
+        try:
+            line = self._lines.get(timeout=timeout_s)
+        except queue.Empty:
+            raise TimeoutError(
+                f"agent {self.pid} said nothing in {timeout_s} s"
+            ) from None
         if not line:
+            self.proc.wait(DEADLINE_S)
             raise EOFError(f"agent {self.pid} exited: {self.stderr()}")
         message: dict[str, Any] = json.loads(line)
         if "error" in message:
@@ -72,10 +84,8 @@ class Agent:
     def stop(self) -> int:
         """Close its stdin (it exits cleanly), killing it past the deadline."""
         if self.proc.stdin and not self.proc.stdin.closed:
-            try:
+            with suppress(BrokenPipeError):
                 self.proc.stdin.close()
-            except BrokenPipeError:
-                pass
         try:
             return self.proc.wait(DEADLINE_S)
         except subprocess.TimeoutExpired:
@@ -99,10 +109,8 @@ def agent(*args: str) -> Iterator[Agent]:
             a.kill()
         for stream in (a.proc.stdin, a.proc.stdout, a.proc.stderr):
             if stream is not None:
-                try:
+                with suppress(OSError):
                     stream.close()
-                except OSError:
-                    pass
 
 
 def wait_until(predicate: Callable[[], bool], timeout_s: float = DEADLINE_S) -> None:
@@ -120,8 +128,6 @@ def children_of(pid: int) -> list[int]:
     """Live child pids of ``pid`` (Linux /proc)."""
     found: list[int] = []
     for task in Path(f"/proc/{pid}/task").iterdir():
-        try:
+        with suppress(OSError):
             found += [int(p) for p in (task / "children").read_text().split()]
-        except OSError:
-            pass
     return found

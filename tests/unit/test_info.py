@@ -56,7 +56,7 @@ def test_worker_info_rejects_bad_fields(
 
 def test_worker_info_decode_rejects_garbage() -> None:
     """Undecodable bytes are a ValueError, not a protobuf-specific error."""
-    with pytest.raises(ValueError, match="^undecodable WorkerInfo"):
+    with pytest.raises(ValueError, match=r"^undecodable WorkerInfo"):
         WorkerInfo.decode(b"\xff\xff\xff")
 
 

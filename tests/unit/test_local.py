@@ -61,9 +61,9 @@ async def test_second_instance_attaches_and_only_owner_removes(namespace: str) -
 
 def test_attach_with_other_layout_is_refused(namespace: str) -> None:
     """Asking for another capacity than the namespace has is a clear error."""
-    with LocalDiscovery(namespace, capacity=8):
-        with pytest.raises(RegistryMismatch, match=r"already exists with capacity 8"):
-            LocalDiscovery(namespace, capacity=16).__enter__()
+    mismatch = pytest.raises(RegistryMismatch, match=r"exists with capacity 8")
+    with LocalDiscovery(namespace, capacity=8), mismatch:
+        LocalDiscovery(namespace, capacity=16).__enter__()
 
 
 async def test_publish_without_registry_says_what_to_do(namespace: str) -> None:

@@ -17,8 +17,8 @@ from discovery import InvalidNamespace, UnsafeRuntimeDirectory, paths
         ".",
         "x" * 65,
         "nul\x00byte",
-        "ｐool",  # fullwidth look-alike
-        "pооl",  # Cyrillic o's
+        "\uff50ool",  # fullwidth look-alike
+        "p\u043e\u043el",  # Cyrillic look-alikes
         "trailing\n",
         "sp ace",
         7,

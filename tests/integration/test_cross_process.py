@@ -1,0 +1,111 @@
+"""A publisher and a subscriber in separate processes, started in either order."""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Callable
+
+import pytest
+
+from discovery import LocalDiscovery, paths
+from tests.helpers import agent
+
+pytestmark = pytest.mark.integration
+
+STEPS = [
+    ("worker-added", "ready"),
+    ("worker-updated", "draining"),
+    ("worker-updated", "ready"),
+    ("worker-dropped", "ready"),
+]
+
+
+@pytest.mark.parametrize("first", ["publisher", "subscriber"])
+def test_events_cross_processes_in_order(namespace: str, first: str) -> None:
+    """Each step a publisher process makes reaches a subscriber process, in
+    order, whichever started first (the publisher creates the namespace)."""
+    uids = [str(uuid.uuid4()) for _ in range(3)]
+    with (
+        agent("subscribe", namespace) as sub,
+        agent("publish", namespace, "--create") as pub,
+    ):
+        (pub if first == "publisher" else sub).expect("ready")
+        (sub if first == "publisher" else pub).expect("ready")
+        for op, status in STEPS:
+            for uid in uids:
+                pub.call(op=op, uid=uid, status=status)
+                event = sub.expect("event")
+                assert (event["type"], event["uid"]) == (op, uid)
+                if op != "worker-dropped":
+                    assert event["status"] == status
+        assert pub.stop() == 0
+        sub.kill()
+
+
+def test_burst_keeps_each_workers_life_in_order(namespace: str) -> None:
+    """A burst of changes (no lockstep) may coalesce, but each worker's events
+    stay in lifecycle order and end in its latest state."""
+    uids = [str(uuid.uuid4()) for _ in range(20)]
+    with (
+        LocalDiscovery(namespace),
+        agent("subscribe", namespace) as sub,
+        agent("publish", namespace) as pub,
+    ):
+        sub.expect("ready")
+        pub.expect("ready")
+        for version in range(5):
+            for uid in uids:
+                op = "worker-added" if version == 0 else "worker-updated"
+                pub.send(op=op, uid=uid, version=str(version))
+        for uid in uids[:10]:
+            pub.send(op="worker-dropped", uid=uid)
+        for _ in range(5 * len(uids) + 10):
+            pub.expect("ok")
+        lives: dict[str, list[dict[str, object]]] = {}
+        ended = _waiter(lives, set(uids[:10]), set(uids[10:]))
+        while not ended():
+            event = sub.expect("event")
+            lives.setdefault(event["uid"], []).append(event)
+        for uid, life in lives.items():
+            types = [e["type"] for e in life]
+            assert types[0] == "worker-added", types
+            assert set(types[1:-1]) <= {"worker-updated"}, types
+            versions = [int(e["version"]) for e in life]  # type: ignore[call-overload]
+            assert versions == sorted(versions), versions
+            if uid in uids[:10]:
+                assert types[-1] == "worker-dropped"
+        assert pub.stop() == 0
+        sub.kill()
+
+
+def _waiter(
+    lives: dict[str, list[dict[str, object]]], dropped: set[str], kept: set[str]
+) -> Callable[[], bool]:
+    def ended() -> bool:
+        return all(
+            lives.get(u) and lives[u][-1]["type"] == "worker-dropped" for u in dropped
+        ) and all(lives.get(u) and lives[u][-1]["version"] == "4" for u in kept)
+
+    return ended
+
+
+def test_clean_exit_leaves_nothing(namespace: str) -> None:
+    """A publisher process that creates the namespace and exits cleanly leaves
+    no segment and no runtime file; its workers are dropped on the way out."""
+    with (
+        agent("subscribe", namespace) as sub,
+        agent("publish", namespace, "--create") as pub,
+    ):
+        pub.expect("ready")
+        sub.expect("ready")
+        uid = str(uuid.uuid4())
+        pub.call(op="worker-added", uid=uid)
+        assert sub.expect("event")["type"] == "worker-added"
+        assert pub.stop() == 0
+        event = sub.expect("event")
+        assert (event["type"], event["uid"]) == ("worker-dropped", uid)
+        sub.kill()
+    assert not (paths.SHM_DIR / paths.segment_name(namespace)).exists()
+    assert not paths.namespace_dir(namespace, create=False).exists()
+    assert not [n for n in os.listdir(paths.runtime_dir()) if namespace in n]
