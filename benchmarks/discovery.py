@@ -1,0 +1,143 @@
+"""Discovery latency and subscriber cost, by pool size.
+
+    python benchmarks/discovery.py [--sizes 8,128,1024] [--events 300] [--runs 3]
+
+For each size N, this process creates a namespace, registers N workers and
+starts a subscriber in another process. It then publishes ``--events``
+``worker-updated`` events one at a time, each carrying the monotonic time
+of its publish (CLOCK_MONOTONIC is shared by every process on the machine);
+the subscriber answers each with the latency it saw, and at the end with
+its CPU time (all threads) per event. Each figure is the median over
+``--runs`` runs (the order of sizes rotates between runs); the last column
+is the CPU per event relative to the smallest size measured in the same
+run: what a larger pool costs a subscriber.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+import uuid
+from dataclasses import replace
+from pathlib import Path
+
+import uvloop
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from discovery import LocalDiscovery, Subscriber, WorkerInfo  # noqa: E402
+
+
+async def subscriber_role(namespace: str, workers: int, events: int) -> None:
+    """Consume the N adds, then answer each update with its latency."""
+    out = sys.stdout
+    stream = aiter(Subscriber(namespace))
+    for _ in range(workers):
+        await anext(stream)
+    out.write(json.dumps({"ready": True}) + "\n")
+    out.flush()
+    cpu = time.process_time()
+    for _ in range(events):
+        event = await anext(stream)
+        latency = time.monotonic() - float(event.worker_info.extra["t"])
+        out.write(json.dumps({"latency": latency, "type": event.type}) + "\n")
+        out.flush()
+    cpu = time.process_time() - cpu
+    out.write(json.dumps({"cpu_per_event": cpu / events}) + "\n")
+    out.flush()
+
+
+async def measure(size: int, events: int) -> dict[str, float]:
+    """One run at one size: latencies (p50, p99) and CPU per event."""
+    namespace = f"bench-{uuid.uuid4().hex[:12]}"
+    with LocalDiscovery(namespace, capacity=size) as discovery:
+        async with discovery.publisher as publisher:
+            infos = [
+                WorkerInfo(uuid.uuid4(), f"unix:/w{i}", os.getpid(), "1", capacity=4)
+                for i in range(size)
+            ]
+            for info in infos:
+                await publisher.publish("worker-added", info)
+            child = subprocess.Popen(
+                [sys.executable, __file__, "--role", "subscriber", namespace,
+                 str(size), str(events)],
+                stdout=subprocess.PIPE, text=True,
+            )  # fmt: skip
+            try:
+                return await _drive(child, publisher, infos, events)
+            finally:
+                child.kill()
+                child.wait()
+
+
+async def _drive(child, publisher, infos, events) -> dict[str, float]:  # type: ignore[no-untyped-def]
+    loop = asyncio.get_running_loop()
+    readline = child.stdout.readline
+
+    async def answer() -> dict[str, object]:
+        return json.loads(await loop.run_in_executor(None, readline))  # type: ignore[no-any-return]
+
+    assert (await answer())["ready"]
+    latencies = []
+    for i in range(events):
+        info = infos[i % len(infos)]
+        stamped = replace(info, extra={"t": repr(time.monotonic())})
+        await publisher.publish("worker-updated", stamped)
+        reply = await answer()
+        assert reply["type"] == "worker-updated", reply
+        latencies.append(float(reply["latency"]))  # type: ignore[arg-type]
+    cpu = float((await answer())["cpu_per_event"])  # type: ignore[arg-type]
+    latencies.sort()
+    return {
+        "p50_ms": latencies[len(latencies) // 2] * 1e3,
+        "p99_ms": latencies[int(len(latencies) * 0.99)] * 1e3,
+        "max_ms": latencies[-1] * 1e3,
+        "cpu_us": cpu * 1e6,
+    }
+
+
+async def main(sizes: list[int], events: int, runs: int) -> None:
+    results: dict[int, list[dict[str, float]]] = {size: [] for size in sizes}
+    ratios: dict[int, list[float]] = {size: [] for size in sizes}
+    smallest = min(sizes)
+    for i in range(runs):
+        order = (
+            sizes[i % len(sizes) :] + sizes[: i % len(sizes)]
+        )  # no size always first
+        run = {size: await measure(size, events) for size in order}
+        for size in sizes:
+            results[size].append(run[size])
+            ratios[size].append(run[size]["cpu_us"] / run[smallest]["cpu_us"])
+    print(f"{events} events per size, median of {runs} runs\n")
+    print("| workers | p50 ms | p99 ms | max ms | CPU/event us | CPU vs smallest |")
+    print("|--:|--:|--:|--:|--:|--:|")
+    for size in sizes:
+        med = {
+            k: statistics.median(r[k] for r in results[size]) for k in results[size][0]
+        }
+        print(
+            f"| {size} | {med['p50_ms']:.2f} | {med['p99_ms']:.2f} | "
+            f"{med['max_ms']:.2f} | {med['cpu_us']:.0f} | "
+            f"{statistics.median(ratios[size]):.2f}x |"
+        )
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--sizes", default="8,128,1024")
+    parser.add_argument("--events", type=int, default=300)
+    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--role", nargs=4, metavar=("ROLE", "NS", "N", "EVENTS"))
+    args = parser.parse_args()
+    if args.role:
+        _, ns, n, count = args.role
+        uvloop.run(subscriber_role(ns, int(n), int(count)))
+    else:
+        sizes = [int(s) for s in args.sizes.split(",")]
+        uvloop.run(main(sizes, args.events, args.runs))
