@@ -25,13 +25,10 @@ import sys
 import time
 import uuid
 from dataclasses import replace
-from pathlib import Path
 
 import uvloop
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from discovery import LocalDiscovery, Subscriber, WorkerInfo  # noqa: E402
+from discovery import LocalDiscovery, Subscriber, WorkerInfo
 
 
 async def subscriber_role(namespace: str, workers: int, events: int) -> None:
