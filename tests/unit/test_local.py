@@ -17,6 +17,7 @@ from discovery import (
     RegistryMismatch,
     Subscriber,
     UnknownEventType,
+    UnsafeRuntimeDirectory,
     WorkerAlreadyRegistered,
     WorkerInfoTooLarge,
     WorkerNotRegistered,
@@ -200,3 +201,73 @@ async def test_many_subscribers_share_one_watch(namespace: str) -> None:
             assert results == [[]] * 20
         for s in streams:
             await s.aclose()  # type: ignore[attr-defined]
+
+
+async def test_corrupt_slot_is_skipped_with_one_warning(
+    namespace: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """An undecodable slot is skipped with one warning; the stream goes on."""
+    from discovery.publisher import Notifier
+    from discovery.registry import Registry
+
+    with LocalDiscovery(namespace) as discovery:
+        stream = aiter(discovery.subscribe(poll_interval=0.02))
+        registry, lock = Registry.attach(namespace), RegistryLock(namespace)
+        notifier = Notifier(namespace)
+        try:
+            bad = make_info()
+            with lock.hold():
+                registry.write_slot(3, bad.uid, 1, b"\xff\x00garbage")
+            notifier.notify(registry.generation)
+            async with discovery.publisher as publisher:
+                marker = make_info()
+                await publisher.publish("worker-added", marker)
+                assert await events_until(stream, marker) == []
+                other = make_info()
+                await publisher.publish("worker-added", other)
+                assert (await next_event(stream)).worker_info == other
+        finally:
+            registry.close()
+            lock.close()
+            notifier.close()
+        await stream.aclose()  # type: ignore[attr-defined]
+    warnings = [r for r in caplog.records if "skipping slot 3" in r.getMessage()]
+    assert len(warnings) == 1, warnings
+
+
+async def test_subscriber_reads_only_changed_slots(namespace: str) -> None:
+    """After the first look, one change costs one slot read, however many
+    workers are registered."""
+    with LocalDiscovery(namespace, capacity=512) as discovery:
+        subscriber = discovery.subscribe(poll_interval=30)
+        stream = aiter(subscriber)
+        async with discovery.publisher as publisher:
+            infos = [make_info() for _ in range(500)]
+            for info in infos:
+                await publisher.publish("worker-added", info)
+            for _ in infos:
+                await next_event(stream)
+            before = subscriber.stats.slots_read
+            for info in infos[:10]:
+                changed = dataclasses.replace(info, status="draining")
+                await publisher.publish("worker-updated", changed)
+                assert await next_event(stream) == DiscoveryEvent(
+                    "worker-updated", changed
+                )
+            assert subscriber.stats.slots_read - before == 10
+        await stream.aclose()  # type: ignore[attr-defined]
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to chown")
+async def test_segment_of_another_user_is_refused(namespace: str) -> None:
+    """Attaching to a segment another user owns, or one others may write, fails."""
+    with LocalDiscovery(namespace):
+        segment = paths.SHM_DIR / paths.segment_name(namespace)
+        assert oct(segment.stat().st_mode & 0o777) == "0o600"
+        os.chown(segment, 54321, 54321)
+        with pytest.raises(UnsafeRuntimeDirectory, match=r"belongs to uid 54321"):
+            await Publisher(namespace).__aenter__()
+        os.chown(segment, 0, 0)
+        os.chmod(segment, 0o666)
+        with pytest.raises(UnsafeRuntimeDirectory, match=r"mode is 0666"):
+            await Publisher(namespace).__aenter__()

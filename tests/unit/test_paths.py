@@ -76,3 +76,15 @@ def test_private_file_refuses_symlink(tmp_path: Path) -> None:
     with pytest.raises(UnsafeRuntimeDirectory, match="symbolic link"):
         paths.open_private_file(tmp_path / "lock")
     assert victim.read_text() == "precious"
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to chown")
+def test_runtime_dir_refuses_other_owner(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A runtime directory owned by another user is refused."""
+    (tmp_path / "shm-pool").mkdir(mode=0o700)
+    os.chown(tmp_path / "shm-pool", 54321, 54321)
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path))
+    with pytest.raises(UnsafeRuntimeDirectory, match=r"belongs to uid 54321"):
+        paths.runtime_dir()
