@@ -1,14 +1,19 @@
-"""Reading subscriber streams in tests, always with a deadline."""
+"""Following subscriber streams in tests (always with a deadline), and
+writing slots directly to test what readers make of them."""
 
 from __future__ import annotations
 
 import asyncio
 import os
+import struct
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager, contextmanager
 from typing import Any
 
-from discovery import DiscoveryEvent, WorkerInfo
+from discovery import DiscoveryEvent, Subscriber, WorkerInfo
+from discovery.publisher import Notifier
+from discovery.registry import Registry, RegistryLock
 
 DEADLINE_S = 10.0
 
@@ -39,3 +44,59 @@ def make_info(**fields: Any) -> WorkerInfo:
         "version": "1.0",
     }
     return WorkerInfo(**{**defaults, **fields})
+
+
+@asynccontextmanager
+async def follow(
+    subscriber: Subscriber,
+) -> AsyncIterator[AsyncIterator[DiscoveryEvent]]:
+    """A stream of ``subscriber`` that is closed however the test ends."""
+    stream = subscriber.__aiter__()
+    try:
+        yield stream
+    finally:
+        await stream.aclose()  # type: ignore[attr-defined]
+
+
+class RawWriter:
+    """Writes slots directly under the lock, as a publisher (or a broken one)
+    would, for tests of what readers do with what they find."""
+
+    def __init__(self, namespace: str) -> None:
+        self.lock = RegistryLock(namespace)
+        self.registry = Registry.attach(namespace)
+        self.notifier = Notifier(namespace)
+
+    def write(
+        self, index: int, uid: uuid.UUID, data: bytes, notify: bool = True
+    ) -> None:
+        with self.lock.hold():
+            self.registry.write_slot(index, uid, 1, data)
+        if notify:
+            self.notifier.notify(self.registry.generation)
+
+    def tear(self, index: int, uid: uuid.UUID, data: bytes) -> None:
+        """Leave a slot as a writer stopped half-way would: version odd, the
+        entry half written."""
+        self.write(index, uid, data, notify=False)
+        registry = self.registry
+        offset = registry._slots_at + index * registry._stride
+        with self.lock.hold():
+            version = registry.slot_version(index)
+            struct.pack_into("<Q", registry._view, offset, version + 1)
+            registry._view[offset + 32 : offset + 40] = b"\xff" * 8
+        self.notifier.notify(registry.generation)
+
+    def close(self) -> None:
+        self.registry.close()
+        self.lock.close()
+        self.notifier.close()
+
+
+@contextmanager
+def raw_writer(namespace: str) -> Iterator[RawWriter]:
+    writer = RawWriter(namespace)
+    try:
+        yield writer
+    finally:
+        writer.close()

@@ -5,9 +5,9 @@ at the end). Each fails against the reference behaviour it names. Defect 3
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import pickle
-import struct
 import tempfile
 import time
 from pathlib import Path
@@ -24,9 +24,9 @@ from discovery import (
     WorkerInfo,
     paths,
 )
-from discovery.registry import Registry, RegistryLock
+from discovery.registry import RegistryLock
 from tests.helpers import agent
-from tests.streams import events_until, make_info, next_event
+from tests.streams import events_until, follow, make_info, next_event, raw_writer
 
 
 async def test_defect01_whole_capacity_fits(namespace: str) -> None:
@@ -44,78 +44,65 @@ async def test_defect02_updated_only_for_changed_worker(namespace: str) -> None:
     """Reference: every scan reports worker-updated for every known worker.
     Here only the changed worker is reported, and a repeat is not a change."""
     with LocalDiscovery(namespace) as discovery:
-        stream = aiter(discovery.subscriber)
-        async with discovery.publisher as publisher:
-            workers = [make_info() for _ in range(5)]
-            for info in workers:
-                await publisher.publish("worker-added", info)
-            first = make_info()
-            await publisher.publish("worker-added", first)
-            assert len(await events_until(stream, first)) == 5
-            changed = WorkerInfo(**{**workers[2].__dict__, "status": "draining"})
-            await publisher.publish("worker-updated", changed)
-            await publisher.publish("worker-updated", changed)  # no change
-            await publisher.publish("worker-updated", workers[0])  # no change
-            marker = make_info()
-            await publisher.publish("worker-added", marker)
-            seen = await events_until(stream, marker)
-            assert [(e.type, e.worker_info) for e in seen] == [
-                ("worker-updated", changed)
-            ]
-        await stream.aclose()  # type: ignore[attr-defined]
+        async with follow(discovery.subscriber) as stream:
+            async with discovery.publisher as publisher:
+                workers = [make_info() for _ in range(5)]
+                for info in workers:
+                    await publisher.publish("worker-added", info)
+                first = make_info()
+                await publisher.publish("worker-added", first)
+                assert len(await events_until(stream, first)) == 5
+                changed = WorkerInfo(**{**workers[2].__dict__, "status": "draining"})
+                await publisher.publish("worker-updated", changed)
+                await publisher.publish("worker-updated", changed)  # no change
+                await publisher.publish("worker-updated", workers[0])  # no change
+                marker = make_info()
+                await publisher.publish("worker-added", marker)
+                seen = await events_until(stream, marker)
+                assert [(e.type, e.worker_info) for e in seen] == [
+                    ("worker-updated", changed)
+                ]
 
 
 async def test_defect04_half_written_slot_is_never_read(namespace: str) -> None:
     """Reference: readers read blocks without the lock, and a half-written
     block fails to decode and ends the subscriber. Here a slot caught
     mid-write is skipped, and read once the write completes."""
-    with LocalDiscovery(namespace) as discovery:
-        stream = aiter(discovery.subscribe(poll_interval=0.05))
-        info = make_info()
-        registry = Registry.attach(namespace)
-        lock = RegistryLock(namespace)
-        try:
-            with lock.hold():
-                registry.write_slot(0, info.uid, 1, info.encode())
-                # A writer that stopped half-way: version odd, bytes torn.
-                offset = registry._slots_at
-                version = registry.slot_version(0)
-                struct.pack_into("<Q", registry._view, offset, version + 1)
-                registry._view[offset + 32 : offset + 40] = b"\xff" * 8
+    with LocalDiscovery(namespace) as discovery, raw_writer(namespace) as writer:
+        async with follow(discovery.subscribe(poll_interval=0.05)) as stream:
+            info = make_info()
+            writer.tear(0, info.uid, info.encode())
             reader = asyncio.ensure_future(next_event(stream))
             done, _ = await asyncio.wait({reader}, timeout=0.3)  # several polls
             assert not done, f"read a half-written slot: {reader.result()}"
-            with lock.hold():  # the writer finishes
-                registry.write_slot(0, info.uid, 1, info.encode())
+            writer.write(0, info.uid, info.encode())  # the writer finishes
             event = await reader
             assert (event.type, event.worker_info) == ("worker-added", info)
-        finally:
-            registry.close()
-            lock.close()
-        await stream.aclose()  # type: ignore[attr-defined]
 
 
-async def test_defect05_drop_during_read_never_raises(make_namespace) -> None:  # type: ignore[no-untyped-def]
+async def test_defect05_drop_during_read_never_raises(namespace: str) -> None:
     """Reference: a block unlinked between the slot read and its open raises
     FileNotFoundError in the subscriber. Here another process adds and drops
     workers as fast as it can while we read: no error, and every worker's
     events form a valid life (added, then dropped)."""
-    namespace = make_namespace()
+    lives: dict[object, list[str]] = {}
     with LocalDiscovery(namespace, capacity=4) as discovery:
-        stream = aiter(discovery.subscribe(poll_interval=0.01))
-        lives: dict[object, list[str]] = {}
-        with agent("churn", namespace, "1500") as churn:
-            churn.expect("ready")
-            reading = asyncio.ensure_future(_collect(stream, lives))
-            await asyncio.get_running_loop().run_in_executor(
-                None, churn.expect, "done", 60.0
-            )
+        subscriber = discovery.subscribe(poll_interval=0.01)
+        async with follow(subscriber) as stream:
+            with agent("churn", namespace, "1500") as churn:
+                churn.expect("ready")
+                reading = asyncio.ensure_future(_collect(stream, lives))
+                await asyncio.get_running_loop().run_in_executor(
+                    None, churn.expect, "done", 60.0
+                )
+                assert churn.stop() == 0
             marker = make_info()
             async with discovery.publisher as publisher:
                 await publisher.publish("worker-added", marker)
                 await asyncio.wait_for(_until_seen(lives, marker), 10)
             reading.cancel()
-            assert churn.stop() == 0
+            with contextlib.suppress(asyncio.CancelledError):
+                await reading
     lives.pop(marker.uid)
     assert lives, "saw no churn at all"
     assert all(life == ["worker-added", "worker-dropped"] for life in lives.values())
@@ -127,7 +114,7 @@ async def _collect(stream, lives) -> None:  # type: ignore[no-untyped-def]
 
 
 async def _until_seen(lives, marker) -> None:  # type: ignore[no-untyped-def]
-    while marker.uid not in lives:
+    while marker.uid not in lives:  # _collect fills it from the same loop
         await asyncio.sleep(0.01)
 
 
@@ -185,40 +172,38 @@ async def test_defect08_unrelated_files_do_not_wake(namespace: str) -> None:
     file there. Here only the namespace's notifications wake them."""
     with LocalDiscovery(namespace) as discovery:
         subscriber = discovery.subscribe(poll_interval=60)
-        stream = aiter(subscriber)
-        async with discovery.publisher as publisher:
-            first = make_info()
-            await publisher.publish("worker-added", first)
-            await next_event(stream)
-            before = subscriber.stats.wakeups
-            scratch = Path(tempfile.mkdtemp())
-            noisy = [scratch, paths.runtime_dir(), paths.namespace_dir(namespace)]
-            for directory in noisy:
-                for i in range(100):
-                    (directory / f"unrelated-{i}").write_text("x")
-                    (directory / f"unrelated-{i}").unlink()
-            scratch.rmdir()
-            marker = make_info()
-            await publisher.publish("worker-added", marker)
-            await events_until(stream, marker)
-            assert subscriber.stats.wakeups - before <= 2
-        await stream.aclose()  # type: ignore[attr-defined]
+        async with follow(subscriber) as stream:
+            async with discovery.publisher as publisher:
+                first = make_info()
+                await publisher.publish("worker-added", first)
+                await next_event(stream)
+                before = subscriber.stats.wakeups
+                scratch = Path(tempfile.mkdtemp())
+                noisy = [scratch, paths.runtime_dir(), paths.namespace_dir(namespace)]
+                for directory in noisy:
+                    for i in range(100):
+                        (directory / f"unrelated-{i}").write_text("x")
+                        (directory / f"unrelated-{i}").unlink()
+                scratch.rmdir()
+                marker = make_info()
+                await publisher.publish("worker-added", marker)
+                await events_until(stream, marker)
+                assert subscriber.stats.wakeups - before <= 2
 
 
 async def test_defect09_subscriber_waits_for_namespace(namespace: str) -> None:
     """Reference: a subscriber started before the namespace exists fails. Here
     it waits, and sees the namespace's workers once it appears."""
-    stream = aiter(Subscriber(namespace, poll_interval=30))
-    early = asyncio.ensure_future(next_event(stream))
-    done, _ = await asyncio.wait({early}, timeout=0.1)
-    assert not done  # waiting, not failed
-    with LocalDiscovery(namespace) as discovery:
-        async with discovery.publisher as publisher:
-            info = make_info()
-            await publisher.publish("worker-added", info)
-            event = await early
-            assert (event.type, event.worker_info) == ("worker-added", info)
-    await stream.aclose()  # type: ignore[attr-defined]
+    async with follow(Subscriber(namespace, poll_interval=30)) as stream:
+        early = asyncio.ensure_future(next_event(stream))
+        done, _ = await asyncio.wait({early}, timeout=0.1)
+        assert not done  # waiting, not failed
+        with LocalDiscovery(namespace) as discovery:
+            async with discovery.publisher as publisher:
+                info = make_info()
+                await publisher.publish("worker-added", info)
+                event = await early
+                assert (event.type, event.worker_info) == ("worker-added", info)
 
 
 async def test_defect10_defaults_agree_and_pickle_keeps_poll_interval(
@@ -258,6 +243,5 @@ async def test_defect11_attacher_never_unlinks_segment(
                     assert attacher.stop() == 0
                     assert "resource_tracker" not in attacher.stderr()
             assert segment.exists()
-            stream = aiter(discovery.subscriber)
-            assert (await next_event(stream)).worker_info == info
-            await stream.aclose()  # type: ignore[attr-defined]
+            async with follow(discovery.subscriber) as stream:
+                assert (await next_event(stream)).worker_info == info

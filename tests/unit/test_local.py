@@ -1,6 +1,7 @@
 """The LocalDiscovery API: create, attach, publish, subscribe, and its errors."""
 
 import asyncio
+import contextlib
 import dataclasses
 import os
 
@@ -24,27 +25,26 @@ from discovery import (
     paths,
 )
 from discovery.registry import RegistryLock
-from tests.streams import events_until, make_info, next_event
+from tests.streams import events_until, follow, make_info, next_event, raw_writer
 
 
 async def test_lifecycle_events_in_order(namespace: str) -> None:
     """A subscriber sees added, then updated, then dropped, with the latest info."""
     with LocalDiscovery(namespace) as discovery:
-        stream = aiter(discovery.subscriber)
-        async with discovery.publisher as publisher:
-            info = make_info(tags={"a"})
-            await publisher.publish("worker-added", info)
-            assert await next_event(stream) == DiscoveryEvent("worker-added", info)
-            draining = dataclasses.replace(info, status="draining")
-            await publisher.publish("worker-updated", draining)
-            assert await next_event(stream) == DiscoveryEvent(
-                "worker-updated", draining
-            )
-            await publisher.publish("worker-dropped", info)
-            assert await next_event(stream) == DiscoveryEvent(
-                "worker-dropped", draining
-            )
-        await stream.aclose()  # type: ignore[attr-defined]
+        async with follow(discovery.subscriber) as stream:
+            async with discovery.publisher as publisher:
+                info = make_info(tags={"a"})
+                await publisher.publish("worker-added", info)
+                assert await next_event(stream) == DiscoveryEvent("worker-added", info)
+                draining = dataclasses.replace(info, status="draining")
+                await publisher.publish("worker-updated", draining)
+                assert await next_event(stream) == DiscoveryEvent(
+                    "worker-updated", draining
+                )
+                await publisher.publish("worker-dropped", info)
+                assert await next_event(stream) == DiscoveryEvent(
+                    "worker-dropped", draining
+                )
 
 
 async def test_second_instance_attaches_and_only_owner_removes(namespace: str) -> None:
@@ -105,38 +105,38 @@ async def test_typed_errors_for_bad_publishes(namespace: str) -> None:
 async def test_publisher_close_drops_its_workers(namespace: str) -> None:
     """A publisher that exits cleanly drops every worker it still holds."""
     with LocalDiscovery(namespace) as discovery:
-        stream = aiter(discovery.subscriber)
-        infos = [make_info() for _ in range(3)]
-        async with discovery.publisher as publisher:
-            for info in infos:
-                await publisher.publish("worker-added", info)
-            for _ in infos:
-                assert (await next_event(stream)).type == "worker-added"
-        dropped = {(await next_event(stream)).worker_info.uid for _ in infos}
-        assert dropped == {info.uid for info in infos}
-        await stream.aclose()  # type: ignore[attr-defined]
+        async with follow(discovery.subscriber) as stream:
+            infos = [make_info() for _ in range(3)]
+            async with discovery.publisher as publisher:
+                for info in infos:
+                    await publisher.publish("worker-added", info)
+                for _ in infos:
+                    assert (await next_event(stream)).type == "worker-added"
+            dropped = {(await next_event(stream)).worker_info.uid for _ in infos}
+            assert dropped == {info.uid for info in infos}
 
 
 async def test_owner_close_drops_everything_for_subscribers(namespace: str) -> None:
     """When the owner closes the namespace, subscribers see every worker dropped."""
-    stream = aiter(Subscriber(namespace))
-    info = make_info()
-    with LocalDiscovery(namespace) as discovery:
-        publisher = discovery.publisher
-        await publisher.publish("worker-added", info)
-        assert (await next_event(stream)).type == "worker-added"
-    event = await next_event(stream)
-    assert (event.type, event.worker_info.uid) == ("worker-dropped", info.uid)
-    await publisher.aclose()
-    await stream.aclose()  # type: ignore[attr-defined]
+    async with follow(Subscriber(namespace)) as stream:
+        info = make_info()
+        with LocalDiscovery(namespace) as discovery:
+            publisher = discovery.publisher
+            await publisher.publish("worker-added", info)
+            assert (await next_event(stream)).type == "worker-added"
+        event = await next_event(stream)
+        assert (event.type, event.worker_info.uid) == ("worker-dropped", info.uid)
+        await publisher.aclose()
 
 
 async def test_filter_reports_workers_entering_and_leaving(namespace: str) -> None:
     """A filtered subscriber sees a worker added when it starts matching and
     dropped when it stops."""
     with LocalDiscovery(namespace) as discovery:
-        stream = aiter(discovery.subscribe(lambda info: info.status == "ready"))
-        async with discovery.publisher as publisher:
+        async with (
+            follow(discovery.subscribe(lambda info: info.status == "ready")) as stream,
+            discovery.publisher as publisher,
+        ):
             info = make_info(status="draining")
             await publisher.publish("worker-added", info)
             ready = dataclasses.replace(info, status="ready")
@@ -144,7 +144,6 @@ async def test_filter_reports_workers_entering_and_leaving(namespace: str) -> No
             assert await next_event(stream) == DiscoveryEvent("worker-added", ready)
             await publisher.publish("worker-updated", info)
             assert await next_event(stream) == DiscoveryEvent("worker-dropped", ready)
-        await stream.aclose()  # type: ignore[attr-defined]
 
 
 async def test_lock_timeout_is_typed(namespace: str) -> None:
@@ -173,52 +172,38 @@ async def test_subscriber_poll_finds_change_without_notification(
     namespace: str,
 ) -> None:
     """With no notification at all, polling still delivers the event."""
-    from discovery.registry import Registry
-
-    with LocalDiscovery(namespace) as discovery:
-        stream = aiter(discovery.subscribe(poll_interval=0.05))
-        info = make_info()
-        registry = Registry.attach(namespace)
-        lock = RegistryLock(namespace)
-        try:
-            with lock.hold():  # write as a publisher would, but never notify
-                registry.write_slot(0, info.uid, os.getpid(), info.encode())
-            assert await next_event(stream, 5) == DiscoveryEvent("worker-added", info)
-        finally:
-            registry.close()
-            lock.close()
-        await stream.aclose()  # type: ignore[attr-defined]
+    with LocalDiscovery(namespace) as discovery, raw_writer(namespace) as writer:
+        async with follow(discovery.subscribe(poll_interval=0.05)) as stream:
+            info = make_info()
+            writer.write(0, info.uid, info.encode(), notify=False)
+            event = await next_event(stream, 5)
+            assert event == DiscoveryEvent("worker-added", info)
 
 
 async def test_many_subscribers_share_one_watch(namespace: str) -> None:
-    """Many subscribers in a process all get the event."""
+    """Many subscribers in one process all get the event."""
     with LocalDiscovery(namespace) as discovery:
-        streams = [aiter(discovery.subscribe(poll_interval=30)) for _ in range(20)]
-        async with discovery.publisher as publisher:
-            marker = make_info()
-            await publisher.publish("worker-added", marker)
-            results = await asyncio.gather(*(events_until(s, marker) for s in streams))
-            assert results == [[]] * 20
-        for s in streams:
-            await s.aclose()  # type: ignore[attr-defined]
+        async with contextlib.AsyncExitStack() as stack:
+            streams = [
+                await stack.enter_async_context(
+                    follow(discovery.subscribe(poll_interval=30))
+                )
+                for _ in range(20)
+            ]
+            async with discovery.publisher as publisher:
+                marker = make_info()
+                await publisher.publish("worker-added", marker)
+                seen = await asyncio.gather(*(events_until(s, marker) for s in streams))
+                assert seen == [[]] * 20
 
 
 async def test_corrupt_slot_is_skipped_with_one_warning(
     namespace: str, caplog: pytest.LogCaptureFixture
 ) -> None:
     """An undecodable slot is skipped with one warning; the stream goes on."""
-    from discovery.publisher import Notifier
-    from discovery.registry import Registry
-
-    with LocalDiscovery(namespace) as discovery:
-        stream = aiter(discovery.subscribe(poll_interval=0.02))
-        registry, lock = Registry.attach(namespace), RegistryLock(namespace)
-        notifier = Notifier(namespace)
-        try:
-            bad = make_info()
-            with lock.hold():
-                registry.write_slot(3, bad.uid, 1, b"\xff\x00garbage")
-            notifier.notify(registry.generation)
+    with LocalDiscovery(namespace) as discovery, raw_writer(namespace) as writer:
+        async with follow(discovery.subscribe(poll_interval=0.02)) as stream:
+            writer.write(3, make_info().uid, b"\xff\x00garbage")
             async with discovery.publisher as publisher:
                 marker = make_info()
                 await publisher.publish("worker-added", marker)
@@ -226,11 +211,6 @@ async def test_corrupt_slot_is_skipped_with_one_warning(
                 other = make_info()
                 await publisher.publish("worker-added", other)
                 assert (await next_event(stream)).worker_info == other
-        finally:
-            registry.close()
-            lock.close()
-            notifier.close()
-        await stream.aclose()  # type: ignore[attr-defined]
     warnings = [r for r in caplog.records if "skipping slot 3" in r.getMessage()]
     assert len(warnings) == 1, warnings
 
@@ -240,22 +220,21 @@ async def test_subscriber_reads_only_changed_slots(namespace: str) -> None:
     workers are registered."""
     with LocalDiscovery(namespace, capacity=512) as discovery:
         subscriber = discovery.subscribe(poll_interval=30)
-        stream = aiter(subscriber)
-        async with discovery.publisher as publisher:
-            infos = [make_info() for _ in range(500)]
-            for info in infos:
-                await publisher.publish("worker-added", info)
-            for _ in infos:
-                await next_event(stream)
-            before = subscriber.stats.slots_read
-            for info in infos[:10]:
-                changed = dataclasses.replace(info, status="draining")
-                await publisher.publish("worker-updated", changed)
-                assert await next_event(stream) == DiscoveryEvent(
-                    "worker-updated", changed
-                )
-            assert subscriber.stats.slots_read - before == 10
-        await stream.aclose()  # type: ignore[attr-defined]
+        async with follow(subscriber) as stream:
+            async with discovery.publisher as publisher:
+                infos = [make_info() for _ in range(500)]
+                for info in infos:
+                    await publisher.publish("worker-added", info)
+                for _ in infos:
+                    await next_event(stream)
+                before = subscriber.stats.slots_read
+                for info in infos[:10]:
+                    changed = dataclasses.replace(info, status="draining")
+                    await publisher.publish("worker-updated", changed)
+                    assert await next_event(stream) == DiscoveryEvent(
+                        "worker-updated", changed
+                    )
+                assert subscriber.stats.slots_read - before == 10
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="needs root to chown")
