@@ -1,6 +1,6 @@
 """Discovery latency and subscriber cost, by pool size.
 
-    python benchmarks/discovery.py [--sizes 8,128,1024] [--events 300] [--runs 3]
+    python -m benchmarks.discovery [--sizes 8,128,1024] [--events 300] [--runs 3]
 
 For each size N, this process creates a namespace, registers N workers and
 starts a subscriber in another process. It then publishes ``--events``
@@ -28,7 +28,12 @@ from dataclasses import replace
 
 import uvloop
 
+if not __package__:  # run as a file: this file must not shadow the package
+    sys.path[0] = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
 from discovery import LocalDiscovery, Subscriber, WorkerInfo
+
+_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 async def subscriber_role(namespace: str, workers: int, events: int) -> None:
@@ -61,11 +66,13 @@ async def measure(size: int, events: int) -> dict[str, float]:
             ]
             for info in infos:
                 await publisher.publish("worker-added", info)
+            role = ["--role", "subscriber", namespace, str(size), str(events)]
             child = subprocess.Popen(
-                [sys.executable, __file__, "--role", "subscriber", namespace,
-                 str(size), str(events)],
-                stdout=subprocess.PIPE, text=True,
-            )  # fmt: skip
+                [sys.executable, "-m", "benchmarks.discovery", *role],
+                stdout=subprocess.PIPE,
+                text=True,
+                cwd=_ROOT,
+            )
             try:
                 return await _drive(child, publisher, infos, events)
             finally:
