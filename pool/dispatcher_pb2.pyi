@@ -1,0 +1,59 @@
+from discovery import worker_info_pb2 as _worker_info_pb2
+from workers import worker_pb2 as _worker_pb2
+from google.protobuf.internal import containers as _containers
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class Submission(_message.Message):
+    __slots__ = ("task", "tags")
+    TASK_FIELD_NUMBER: _ClassVar[int]
+    TAGS_FIELD_NUMBER: _ClassVar[int]
+    task: _worker_pb2.Task
+    tags: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, task: _Optional[_Union[_worker_pb2.Task, _Mapping]] = ..., tags: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class SubmissionBatch(_message.Message):
+    __slots__ = ("submissions", "cancel")
+    SUBMISSIONS_FIELD_NUMBER: _ClassVar[int]
+    CANCEL_FIELD_NUMBER: _ClassVar[int]
+    submissions: _containers.RepeatedCompositeFieldContainer[Submission]
+    cancel: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, submissions: _Optional[_Iterable[_Union[Submission, _Mapping]]] = ..., cancel: _Optional[_Iterable[int]] = ...) -> None: ...
+
+class ListWorkersRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class WorkerState(_message.Message):
+    __slots__ = ("info", "in_flight", "done")
+    INFO_FIELD_NUMBER: _ClassVar[int]
+    IN_FLIGHT_FIELD_NUMBER: _ClassVar[int]
+    DONE_FIELD_NUMBER: _ClassVar[int]
+    info: _worker_info_pb2.WorkerInfo
+    in_flight: int
+    done: int
+    def __init__(self, info: _Optional[_Union[_worker_info_pb2.WorkerInfo, _Mapping]] = ..., in_flight: _Optional[int] = ..., done: _Optional[int] = ...) -> None: ...
+
+class ListWorkersReply(_message.Message):
+    __slots__ = ("workers", "queued")
+    WORKERS_FIELD_NUMBER: _ClassVar[int]
+    QUEUED_FIELD_NUMBER: _ClassVar[int]
+    workers: _containers.RepeatedCompositeFieldContainer[WorkerState]
+    queued: int
+    def __init__(self, workers: _Optional[_Iterable[_Union[WorkerState, _Mapping]]] = ..., queued: _Optional[int] = ...) -> None: ...
+
+class WatchRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class WatchEvent(_message.Message):
+    __slots__ = ("type", "info")
+    TYPE_FIELD_NUMBER: _ClassVar[int]
+    INFO_FIELD_NUMBER: _ClassVar[int]
+    type: str
+    info: _worker_info_pb2.WorkerInfo
+    def __init__(self, type: _Optional[str] = ..., info: _Optional[_Union[_worker_info_pb2.WorkerInfo, _Mapping]] = ...) -> None: ...

@@ -1,0 +1,226 @@
+"""One worker process: ``python -m workers --namespace NS``.
+
+Starts a grpc.aio server on uvloop (a unix socket in the namespace's
+private directory, or ``HOST:0`` with ``--host``), publishes itself as
+``worker-added``, prints one ``READY {json}`` line on stdout for whoever
+started it, and serves until SIGTERM, SIGINT or the death of ``--parent``.
+Then it drains: ``worker-updated`` with ``status="draining"``, refuses new
+tasks, finishes what it has within ``--grace-s``, publishes
+``worker-dropped`` and exits 0. Counters (tasks running and done) travel
+in ``WorkerInfo.extra`` in a ``worker-updated`` at most once a second.
+"""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "0")  # before grpc loads
+
+import argparse
+import asyncio
+import contextlib
+import dataclasses
+import json
+import logging
+import signal
+import sys
+import uuid
+from collections.abc import Sequence
+from importlib.metadata import version
+from pathlib import Path
+from typing import Final
+
+import uvloop
+from grpc import aio
+from grpc_health.v1 import health, health_pb2_grpc
+
+from discovery import DiscoveryError, Publisher, WorkerInfo, paths
+from workers import auth, worker_pb2_grpc
+from workers.service import WorkerService
+
+log = logging.getLogger("workers")
+
+REPORT_INTERVAL_S: Final = 1.0
+MAX_MESSAGE_BYTES: Final = 128 * 1024 * 1024
+GRPC_OPTIONS: Final = (
+    ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+    ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class Config:
+    namespace: str
+    concurrency: int
+    host: str | None
+    tags: frozenset[str]
+    grace_s: float
+    parent: int | None
+
+
+def parse_args(argv: Sequence[str] | None = None) -> Config:
+    parser = argparse.ArgumentParser(
+        prog="python -m workers",
+        description="Run one shm-pool worker: a gRPC server that runs tasks and "
+        "publishes itself into the namespace's registry. Usually started by "
+        "`python -m pool up`; the namespace must exist (the pool creates it).",
+    )
+    parser.add_argument("--namespace", default="default", help="pool namespace")
+    parser.add_argument(
+        "--concurrency",
+        type=int,
+        default=1,
+        help="tasks run at once: threads for plain functions (default 1)",
+    )
+    parser.add_argument(
+        "--host", help="listen on TCP HOST:<free port> instead of a unix socket"
+    )
+    parser.add_argument(
+        "--tags", default="", help="comma-separated labels tasks may require"
+    )
+    parser.add_argument(
+        "--grace-s",
+        type=float,
+        default=30.0,
+        help="on SIGTERM, how long to finish running tasks (default 30)",
+    )
+    parser.add_argument("--parent", type=int, help="exit when this pid dies")
+    args = parser.parse_args(argv)
+    if args.concurrency < 1:
+        parser.error(f"--concurrency must be at least 1, got {args.concurrency}")
+    try:
+        paths.validate_namespace(args.namespace)
+    except ValueError as exc:
+        parser.error(str(exc))
+    tags = frozenset(t.strip() for t in args.tags.split(",") if t.strip())
+    return Config(
+        args.namespace, args.concurrency, args.host, tags, args.grace_s, args.parent
+    )
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    config = parse_args(argv)
+    logging.basicConfig(level=logging.WARNING, format="worker %(process)d: %(message)s")
+    try:
+        uvloop.run(serve(config))
+    except (DiscoveryError, auth.MissingToken) as exc:
+        print(f"worker: error: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+async def serve(config: Config) -> None:
+    """Serve until told to stop, then drain; see the module docstring."""
+    token = auth.read_token(config.namespace)
+    uid = uuid.uuid4()
+    changed = asyncio.Event()
+    service = WorkerService(config.concurrency, on_change=changed.set)
+    server = aio.server(
+        interceptors=[auth.TokenInterceptor(token)], options=GRPC_OPTIONS
+    )
+    worker_pb2_grpc.add_WorkerServicer_to_server(service, server)  # type: ignore[no-untyped-call]
+    health_service = health.aio.HealthServicer()
+    health_pb2_grpc.add_HealthServicer_to_server(health_service, server)
+    address, socket_path = _bind(server, config, uid)
+    await server.start()
+    try:
+        info = WorkerInfo(
+            uid,
+            address,
+            os.getpid(),
+            version("shm-pool"),
+            tags=config.tags,
+            extra=_counters(service),
+            capacity=config.concurrency,
+        )
+        async with Publisher(config.namespace) as publisher:
+            await publisher.publish("worker-added", info)
+            print("READY " + json.dumps({"uid": str(uid), "address": address}))
+            sys.stdout.flush()
+            reporter = asyncio.create_task(_report(publisher, service, info, changed))
+            try:
+                await _until_stopped(config.parent)
+            finally:
+                reporter.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await reporter
+            service.draining = True
+            await health_service.enter_graceful_shutdown()
+            draining = dataclasses.replace(
+                info, status="draining", extra=_counters(service)
+            )
+            await publisher.publish("worker-updated", draining)
+            await _drain(service, config.grace_s)
+    finally:
+        await server.stop(1.0)
+        service.close()
+        if socket_path is not None:
+            socket_path.unlink(missing_ok=True)
+
+
+def _bind(
+    server: aio.Server, config: Config, uid: uuid.UUID
+) -> tuple[str, Path | None]:
+    if config.host:
+        port = server.add_insecure_port(f"{config.host}:0")
+        host = f"[{config.host}]" if ":" in config.host else config.host
+        return f"{host}:{port}", None
+    path = paths.namespace_dir(config.namespace) / f"w-{uid.hex[:12]}.sock"
+    server.add_insecure_port(f"unix:{path}")
+    return f"unix:{path}", path
+
+
+async def _until_stopped(parent: int | None) -> None:
+    """Wait for SIGTERM, SIGINT or the parent's death."""
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, stop.set)
+    parent_fd = None
+    if parent is not None:
+        try:
+            parent_fd = os.pidfd_open(parent)
+        except ProcessLookupError:
+            return  # already gone
+        loop.add_reader(parent_fd, stop.set)
+    try:
+        await stop.wait()
+    finally:
+        if parent_fd is not None:
+            loop.remove_reader(parent_fd)
+            os.close(parent_fd)
+
+
+async def _drain(service: WorkerService, grace_s: float) -> None:
+    try:
+        async with asyncio.timeout(grace_s):
+            await service.wait_idle()
+    except TimeoutError:
+        log.warning(
+            "%d task(s) still running after %g s; leaving", service.running, grace_s
+        )
+
+
+async def _report(
+    publisher: Publisher,
+    service: WorkerService,
+    info: WorkerInfo,
+    changed: asyncio.Event,
+) -> None:
+    """Publish the counters when they change, at most once a second."""
+    while True:
+        await changed.wait()
+        changed.clear()
+        current = dataclasses.replace(info, extra=_counters(service))
+        if current != info:
+            await publisher.publish("worker-updated", current)
+            info = current
+        await asyncio.sleep(REPORT_INTERVAL_S)  # the rate limit, not a wait
+
+
+def _counters(service: WorkerService) -> dict[str, str]:
+    return {
+        "running": str(service.running),
+        "done": str(service.done),
+        "failed": str(service.failed),
+    }

@@ -1,0 +1,162 @@
+"""What a task is on the wire, and how its outcome travels back.
+
+A task names an importable callable as ``"module:qualname"`` and carries
+``pickle((args, kwargs))``. Its result is a pickled value or a
+:class:`~workers.worker_pb2.Failure` holding the exception pickled (when it
+pickles), its type name, its message and the remote traceback as text.
+:func:`raise_failure` rebuilds the exception in the caller with that text
+attached as its ``__cause__``, like ``concurrent.futures.process`` does.
+
+Unpickling is code execution: only authenticated peers' bytes reach
+:func:`load_call` (see :mod:`workers.auth`). Callers: :mod:`workers.server`
+(decodes calls, encodes outcomes) and :mod:`pool` (the reverse).
+"""
+
+from __future__ import annotations
+
+import importlib
+import pickle
+import traceback
+from collections.abc import Callable
+from functools import cache
+from typing import Any, Final
+
+from workers.worker_pb2 import Failure
+
+MAX_ARGS_BYTES: Final = 64 * 1024 * 1024
+
+
+class TaskError(Exception):
+    """Root of the errors about a task itself (not what the task raised)."""
+
+
+class BadTask(TaskError, ValueError):
+    """A task cannot be run as sent: fix the call, a retry will not help."""
+
+
+class RemoteError(TaskError):
+    """A task raised an exception that could not be rebuilt here.
+
+    ``type_name`` is the remote exception's type; the message is its text.
+    """
+
+    def __init__(self, type_name: str, message: str) -> None:
+        self.type_name = type_name
+        super().__init__(f"{type_name}: {message}")
+
+
+class RemoteTraceback(Exception):
+    """The traceback of an exception raised in a worker, as text."""
+
+    def __init__(self, tb: str) -> None:
+        self.tb = tb
+        super().__init__(tb)
+
+    def __str__(self) -> str:
+        return f'\n"""\n{self.tb}"""'
+
+
+def function_name(fn: Callable[..., Any]) -> str:
+    """The ``module:qualname`` of an importable callable.
+
+    :raises BadTask: for a lambda, a local function or a bound method of an
+        instance, which a worker cannot import.
+    """
+    module = getattr(fn, "__module__", None)
+    qualname = getattr(fn, "__qualname__", None)
+    if not module or not qualname or "<" in qualname or module == "__main__":
+        raise BadTask(
+            f"{fn!r} cannot be imported by a worker; pass a function defined at "
+            f"the top level of an importable module (not __main__, a lambda or a "
+            f"nested function)"
+        )
+    return f"{module}:{qualname}"
+
+
+@cache
+def resolve(name: str) -> Callable[..., Any]:
+    """Import the callable ``module:qualname``.
+
+    :raises BadTask: if it does not import or is not callable.
+    """
+    module_name, sep, qualname = name.partition(":")
+    if not sep or not module_name or not qualname:
+        raise BadTask(f"task function {name!r} is not of the form module:qualname")
+    try:
+        target: Any = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise BadTask(f"cannot import module {module_name!r}: {exc}") from None
+    for part in qualname.split("."):
+        try:
+            target = getattr(target, part)
+        except AttributeError:
+            raise BadTask(f"module {module_name!r} has no {qualname!r}") from None
+    if not callable(target):
+        raise BadTask(f"{name!r} is a {type(target).__name__}, not a callable")
+    return target  # type: ignore[no-any-return]
+
+
+def dump_call(args: tuple[Any, ...], kwargs: dict[str, Any]) -> bytes:
+    """The wire bytes of a call's arguments."""
+    return pickle.dumps((args, kwargs), protocol=pickle.HIGHEST_PROTOCOL)
+
+
+def load_call(data: bytes) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """Arguments from wire bytes (an authenticated peer's only).
+
+    :raises BadTask: if they are too large or not a pickled (tuple, dict).
+    """
+    if len(data) > MAX_ARGS_BYTES:
+        raise BadTask(
+            f"arguments are {len(data)} bytes, over the {MAX_ARGS_BYTES} limit"
+        )
+    try:
+        call = pickle.loads(data)
+    except Exception as exc:
+        raise BadTask(
+            f"arguments do not unpickle: {type(exc).__name__}: {exc}"
+        ) from None
+    if (
+        not isinstance(call, tuple)
+        or len(call) != 2
+        or not isinstance(call[0], tuple)
+        or not isinstance(call[1], dict)
+    ):
+        raise BadTask("arguments must be a pickled (tuple, dict) pair")
+    return call
+
+
+def dump_value(value: Any) -> bytes:
+    """The wire bytes of a return value."""
+    return pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)
+
+
+def failure_of(exc: BaseException, code: int = Failure.RAISED) -> Failure:
+    """A Failure carrying ``exc``, its type, text and traceback."""
+    kind = type(exc)
+    try:
+        pickled = pickle.dumps(exc, protocol=pickle.HIGHEST_PROTOCOL)
+        pickle.loads(pickled)  # some exceptions pickle but do not unpickle
+    except Exception:
+        pickled = b""
+    return Failure(
+        type=f"{kind.__module__}.{kind.__qualname__}",
+        message=str(exc),
+        traceback="".join(traceback.format_exception(exc)),
+        exception=pickled,
+        code=code,
+    )
+
+
+def exception_of(failure: Failure) -> BaseException:
+    """The exception a Failure carries, with its remote traceback as cause."""
+    exc: BaseException
+    try:
+        exc = pickle.loads(failure.exception) if failure.exception else None  # type: ignore[assignment]
+    except Exception:
+        exc = None  # type: ignore[assignment]
+    if not isinstance(exc, BaseException):
+        exc = RemoteError(failure.type, failure.message)
+    if failure.traceback:
+        exc.__cause__ = RemoteTraceback(failure.traceback)
+    return exc

@@ -1,0 +1,70 @@
+from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class Task(_message.Message):
+    __slots__ = ("id", "function", "args", "timeout_s")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    FUNCTION_FIELD_NUMBER: _ClassVar[int]
+    ARGS_FIELD_NUMBER: _ClassVar[int]
+    TIMEOUT_S_FIELD_NUMBER: _ClassVar[int]
+    id: int
+    function: str
+    args: bytes
+    timeout_s: float
+    def __init__(self, id: _Optional[int] = ..., function: _Optional[str] = ..., args: _Optional[bytes] = ..., timeout_s: _Optional[float] = ...) -> None: ...
+
+class Failure(_message.Message):
+    __slots__ = ("type", "message", "traceback", "exception", "code")
+    class Code(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+        __slots__ = ()
+        RAISED: _ClassVar[Failure.Code]
+        BAD_REQUEST: _ClassVar[Failure.Code]
+        TIMED_OUT: _ClassVar[Failure.Code]
+        CANCELLED: _ClassVar[Failure.Code]
+        REJECTED: _ClassVar[Failure.Code]
+    RAISED: Failure.Code
+    BAD_REQUEST: Failure.Code
+    TIMED_OUT: Failure.Code
+    CANCELLED: Failure.Code
+    REJECTED: Failure.Code
+    TYPE_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    TRACEBACK_FIELD_NUMBER: _ClassVar[int]
+    EXCEPTION_FIELD_NUMBER: _ClassVar[int]
+    CODE_FIELD_NUMBER: _ClassVar[int]
+    type: str
+    message: str
+    traceback: str
+    exception: bytes
+    code: Failure.Code
+    def __init__(self, type: _Optional[str] = ..., message: _Optional[str] = ..., traceback: _Optional[str] = ..., exception: _Optional[bytes] = ..., code: _Optional[_Union[Failure.Code, str]] = ...) -> None: ...
+
+class Result(_message.Message):
+    __slots__ = ("id", "value", "failure")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    VALUE_FIELD_NUMBER: _ClassVar[int]
+    FAILURE_FIELD_NUMBER: _ClassVar[int]
+    id: int
+    value: bytes
+    failure: Failure
+    def __init__(self, id: _Optional[int] = ..., value: _Optional[bytes] = ..., failure: _Optional[_Union[Failure, _Mapping]] = ...) -> None: ...
+
+class TaskBatch(_message.Message):
+    __slots__ = ("tasks", "cancel")
+    TASKS_FIELD_NUMBER: _ClassVar[int]
+    CANCEL_FIELD_NUMBER: _ClassVar[int]
+    tasks: _containers.RepeatedCompositeFieldContainer[Task]
+    cancel: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, tasks: _Optional[_Iterable[_Union[Task, _Mapping]]] = ..., cancel: _Optional[_Iterable[int]] = ...) -> None: ...
+
+class ResultBatch(_message.Message):
+    __slots__ = ("results",)
+    RESULTS_FIELD_NUMBER: _ClassVar[int]
+    results: _containers.RepeatedCompositeFieldContainer[Result]
+    def __init__(self, results: _Optional[_Iterable[_Union[Result, _Mapping]]] = ...) -> None: ...
