@@ -20,14 +20,11 @@ import argparse
 import asyncio
 import contextlib
 import dataclasses
-import json
 import logging
-import signal
 import sys
 import uuid
 from collections.abc import Sequence
 from importlib.metadata import version
-from pathlib import Path
 from typing import Final
 
 import uvloop
@@ -35,17 +32,12 @@ from grpc import aio
 from grpc_health.v1 import health, health_pb2_grpc
 
 from discovery import DiscoveryError, Publisher, WorkerInfo, paths
-from workers import auth, worker_pb2_grpc
+from workers import auth, lifecycle, worker_pb2_grpc
 from workers.service import WorkerService
 
 log = logging.getLogger("workers")
 
 REPORT_INTERVAL_S: Final = 1.0
-MAX_MESSAGE_BYTES: Final = 128 * 1024 * 1024
-GRPC_OPTIONS: Final = (
-    ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
-    ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
-)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -116,12 +108,13 @@ async def serve(config: Config) -> None:
     changed = asyncio.Event()
     service = WorkerService(config.concurrency, on_change=changed.set)
     server = aio.server(
-        interceptors=[auth.TokenInterceptor(token)], options=GRPC_OPTIONS
+        interceptors=[auth.TokenInterceptor(token)], options=lifecycle.GRPC_OPTIONS
     )
     worker_pb2_grpc.add_WorkerServicer_to_server(service, server)  # type: ignore[no-untyped-call]
     health_service = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_service, server)
-    address, socket_path = _bind(server, config, uid)
+    socket = paths.namespace_dir(config.namespace) / f"w-{uid.hex[:12]}.sock"
+    address, socket_path = lifecycle.bind(server, config.host, socket)
     await server.start()
     try:
         info = WorkerInfo(
@@ -135,11 +128,10 @@ async def serve(config: Config) -> None:
         )
         async with Publisher(config.namespace) as publisher:
             await publisher.publish("worker-added", info)
-            print("READY " + json.dumps({"uid": str(uid), "address": address}))
-            sys.stdout.flush()
+            lifecycle.announce_ready(uid=str(uid), address=address)
             reporter = asyncio.create_task(_report(publisher, service, info, changed))
             try:
-                await _until_stopped(config.parent)
+                await lifecycle.until_stopped(config.parent)
             finally:
                 reporter.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
@@ -156,39 +148,6 @@ async def serve(config: Config) -> None:
         service.close()
         if socket_path is not None:
             socket_path.unlink(missing_ok=True)
-
-
-def _bind(
-    server: aio.Server, config: Config, uid: uuid.UUID
-) -> tuple[str, Path | None]:
-    if config.host:
-        port = server.add_insecure_port(f"{config.host}:0")
-        host = f"[{config.host}]" if ":" in config.host else config.host
-        return f"{host}:{port}", None
-    path = paths.namespace_dir(config.namespace) / f"w-{uid.hex[:12]}.sock"
-    server.add_insecure_port(f"unix:{path}")
-    return f"unix:{path}", path
-
-
-async def _until_stopped(parent: int | None) -> None:
-    """Wait for SIGTERM, SIGINT or the parent's death."""
-    loop = asyncio.get_running_loop()
-    stop = asyncio.Event()
-    for signum in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(signum, stop.set)
-    parent_fd = None
-    if parent is not None:
-        try:
-            parent_fd = os.pidfd_open(parent)
-        except ProcessLookupError:
-            return  # already gone
-        loop.add_reader(parent_fd, stop.set)
-    try:
-        await stop.wait()
-    finally:
-        if parent_fd is not None:
-            loop.remove_reader(parent_fd)
-            os.close(parent_fd)
 
 
 async def _drain(service: WorkerService, grace_s: float) -> None:

@@ -22,6 +22,7 @@ from typing import Any
 from grpc import aio
 
 from workers import tasks, worker_pb2, worker_pb2_grpc
+from workers.outbox import Outbox
 from workers.worker_pb2 import Failure, Result, ResultBatch, Task, TaskBatch
 
 
@@ -62,15 +63,12 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
         request_iterator: AsyncIterator[TaskBatch],
         context: aio.ServicerContext[TaskBatch, ResultBatch],
     ) -> None:
-        outbox: asyncio.Queue[Result | None] = asyncio.Queue()
+        outbox: Outbox[Result] = Outbox()
         stream: dict[int, asyncio.Task[Result]] = {}
         reader = asyncio.create_task(self._read(request_iterator, stream, outbox))
         try:
-            ended = False
-            while not ended:
-                results, ended = await _take_all(outbox)
-                if results:
-                    await context.write(ResultBatch(results=results))
+            async for results in outbox.batches():
+                await context.write(ResultBatch(results=results))
         finally:
             reader.cancel()
             for task in stream.values():
@@ -80,7 +78,7 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
         self,
         requests: AsyncIterator[TaskBatch],
         stream: dict[int, asyncio.Task[Result]],
-        outbox: asyncio.Queue[Result | None],
+        outbox: Outbox[Result],
     ) -> None:
         async for batch in requests:
             for task_id in batch.cancel:
@@ -88,18 +86,18 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
                     running.cancel()
             for task in batch.tasks:
                 if task.id in stream:
-                    outbox.put_nowait(_failed(task.id, _reused(task.id)))
+                    outbox.put(_failed(task.id, _reused(task.id)))
                     continue
                 self._start(task, stream, outbox)
         while stream:  # the dispatcher closed its side: finish, then end
             await asyncio.wait(list(stream.values()))
-        outbox.put_nowait(None)
+        outbox.close()
 
     def _start(
         self,
         task: Task,
         stream: dict[int, asyncio.Task[Result]],
-        outbox: asyncio.Queue[Result | None],
+        outbox: Outbox[Result],
     ) -> None:
         if self.draining:
             failure = Failure(
@@ -107,7 +105,7 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
                 message="the worker is draining",
                 code=Failure.REJECTED,
             )
-            outbox.put_nowait(_failed(task.id, failure))
+            outbox.put(_failed(task.id, failure))
             return
         job = asyncio.create_task(self._execute(task))
         stream[task.id] = job
@@ -126,12 +124,12 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
                     message="the task was cancelled",
                     code=Failure.CANCELLED,
                 )
-                outbox.put_nowait(_failed(task.id, cancelled))
+                outbox.put(_failed(task.id, cancelled))
             else:
                 result = job.result()
                 self.done += 1
                 self.failed += result.HasField("failure")
-                outbox.put_nowait(result)
+                outbox.put(result)
             self._on_change()
 
         job.add_done_callback(finished)
@@ -163,18 +161,6 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
         return await loop.run_in_executor(
             self._threads, functools.partial(fn, *args, **kwargs)
         )
-
-
-async def _take_all(outbox: asyncio.Queue[Result | None]) -> tuple[list[Result], bool]:
-    """Every result ready now (waiting for one); True once the stream ended."""
-    results: list[Result] = []
-    item = await outbox.get()
-    while item is not None:
-        results.append(item)
-        if outbox.empty():
-            return results, False
-        item = outbox.get_nowait()
-    return results, True
 
 
 def _failed(task_id: int, failure: worker_pb2.Failure) -> Result:

@@ -14,7 +14,9 @@ Unpickling is code execution: only authenticated peers' bytes reach
 
 from __future__ import annotations
 
+import asyncio
 import importlib
+import inspect
 import pickle
 import traceback
 from collections.abc import Callable
@@ -24,6 +26,7 @@ from typing import Any, Final
 from workers.worker_pb2 import Failure
 
 MAX_ARGS_BYTES: Final = 64 * 1024 * 1024
+CHUNK_FUNCTION: Final = "workers.tasks:run_chunk"
 
 
 class TaskError(Exception):
@@ -131,7 +134,7 @@ def dump_value(value: Any) -> bytes:
     return pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)
 
 
-def failure_of(exc: BaseException, code: int = Failure.RAISED) -> Failure:
+def failure_of(exc: BaseException, code: Failure.Code = Failure.RAISED) -> Failure:
     """A Failure carrying ``exc``, its type, text and traceback."""
     kind = type(exc)
     try:
@@ -160,3 +163,16 @@ def exception_of(failure: Failure) -> BaseException:
     if failure.traceback:
         exc.__cause__ = RemoteTraceback(failure.traceback)
     return exc
+
+
+def run_chunk(function: str, calls: list[tuple[Any, ...]]) -> list[Any]:
+    """Run ``function`` over many argument tuples as one task (``map``'s
+    ``chunksize``); the first exception ends the chunk."""
+    fn = resolve(function)
+    if inspect.iscoroutinefunction(fn):
+
+        async def run_all() -> list[Any]:
+            return [await fn(*args) for args in calls]
+
+        return asyncio.run(run_all())
+    return [fn(*args) for args in calls]

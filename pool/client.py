@@ -1,0 +1,378 @@
+"""Clients of a running pool, found by namespace.
+
+:class:`Client` is a :class:`concurrent.futures.Executor`; it runs its own
+uvloop loop on a daemon thread, which owns the gRPC channel. Both it and
+:class:`AsyncClient` (on the caller's loop) send tasks through one
+``SubmitStream`` per client (a :class:`Connection`), many tasks per
+message: submissions made while a write is under way go out together in
+the next one.
+
+A task is run *at least once*: if its worker dies, the dispatcher runs it
+again elsewhere (up to its attempt limit), so a task with side effects
+may see them twice.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextlib
+import itertools
+import pickle
+import threading
+import time
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator
+from types import TracebackType
+from typing import Any, Self
+
+import grpc
+import uvloop
+from grpc import aio
+
+from discovery import paths
+from pool import dispatcher_pb2_grpc
+from pool.dispatcher_pb2 import Submission, SubmissionBatch
+from pool.errors import PoolNotRunning
+from workers import auth, tasks
+from workers.lifecycle import GRPC_OPTIONS
+from workers.worker_pb2 import Result, Task
+
+ADDRESS_FILE = "address"
+
+OnResult = Callable[[Result], None]
+
+
+def locate(namespace: str) -> tuple[str, str]:
+    """The dispatcher address and token of the pool serving ``namespace``.
+
+    :raises PoolNotRunning: if no pool serves it.
+    """
+    directory = paths.namespace_dir(namespace, create=False)
+    try:
+        address = (directory / ADDRESS_FILE).read_text().strip()
+        return address, auth.read_token(namespace)
+    except (FileNotFoundError, auth.MissingToken):
+        raise PoolNotRunning(namespace) from None
+
+
+def outcome(result: Result) -> Any:
+    """The value a result carries, or raise the exception it carries."""
+    if result.HasField("failure"):
+        raise tasks.exception_of(result.failure)
+    return pickle.loads(result.value)
+
+
+class Connection:
+    """One SubmitStream to a dispatcher, bound to the loop that made it."""
+
+    def __init__(self, namespace: str) -> None:
+        address, token = locate(namespace)
+        self.namespace = namespace
+        self._channel = aio.insecure_channel(address, options=GRPC_OPTIONS)
+        stub = dispatcher_pb2_grpc.DispatcherStub(self._channel)  # type: ignore[no-untyped-call]
+        self._call = stub.SubmitStream(metadata=auth.call_metadata(token))
+        self._waiters: dict[int, OnResult] = {}
+        self._outgoing: list[Submission] = []
+        self._cancels: list[int] = []
+        self._wake = asyncio.Event()
+        self._broken: BaseException | None = None
+        self._io = [
+            asyncio.create_task(self._send()),
+            asyncio.create_task(self._receive()),
+        ]
+
+    def submit(self, submission: Submission, on_result: OnResult) -> None:
+        if self._broken is not None:
+            raise self._broken
+        self._waiters[submission.task.id] = on_result
+        self._outgoing.append(submission)
+        self._wake.set()
+
+    def cancel(self, task_id: int) -> None:
+        if task_id in self._waiters:
+            self._cancels.append(task_id)
+            self._wake.set()
+
+    async def _send(self) -> None:
+        while True:
+            await self._wake.wait()
+            self._wake.clear()
+            batch = SubmissionBatch(submissions=self._outgoing, cancel=self._cancels)
+            self._outgoing, self._cancels = [], []
+            try:
+                await self._call.write(batch)
+            except (aio.AioRpcError, aio.UsageError, asyncio.InvalidStateError):
+                return  # _receive reports the broken stream
+
+    async def _receive(self) -> None:
+        try:
+            async for batch in self._call:
+                for result in batch.results:
+                    if (on_result := self._waiters.pop(result.id, None)) is not None:
+                        on_result(result)
+        except aio.AioRpcError as exc:
+            detail = f"{exc.code().name}: {exc.details()}"
+            if exc.code() == grpc.StatusCode.UNAUTHENTICATED:
+                detail = f"the pool refused our token ({exc.details()})"
+            self._broken = PoolNotRunning(self.namespace, detail)
+        finally:
+            self._broken = self._broken or PoolNotRunning(self.namespace, "closed")
+            waiters, self._waiters = self._waiters, {}
+            for task_id, on_result in waiters.items():
+                on_result(Result(id=task_id, failure=tasks.failure_of(self._broken)))
+
+    async def aclose(self) -> None:
+        """Close the stream and channel. Never raises."""
+        with contextlib.suppress(Exception):
+            await self._call.done_writing()
+        self._call.cancel()
+        for io in self._io:
+            io.cancel()
+        for io in self._io:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await io
+        await self._channel.close()
+
+
+def make_task(
+    task_id: int, fn: Callable[..., Any] | str, args: tuple[Any, ...], kwargs: Any
+) -> Task:
+    """A task calling ``fn`` (a callable or ``"module:qualname"``)."""
+    name = fn if isinstance(fn, str) else tasks.function_name(fn)
+    return Task(id=task_id, function=name, args=tasks.dump_call(args, dict(kwargs)))
+
+
+def _chunks(iterables: tuple[Iterable[Any], ...], size: int) -> Iterator[list[Any]]:
+    it = zip(*iterables, strict=False)
+    while chunk := list(itertools.islice(it, size)):
+        yield chunk
+
+
+class Client(concurrent.futures.Executor):
+    """An Executor whose tasks run in the pool serving ``namespace``.
+
+    :param namespace: the pool's namespace (``pool up --namespace``).
+    :param tags: tags every task of this client requires of its worker.
+    :param task_timeout_s: per-task limit enforced by the worker (None: none).
+    :raises PoolNotRunning: if no pool serves the namespace.
+    """
+
+    def __init__(
+        self,
+        namespace: str = "default",
+        *,
+        tags: Iterable[str] = (),
+        task_timeout_s: float | None = None,
+    ) -> None:
+        self._tags = tuple(tags)
+        self._timeout_s = task_timeout_s or 0.0
+        self._ids = itertools.count(1)
+        self._lock = threading.Lock()
+        self._queued: list[tuple[Submission, concurrent.futures.Future[Any]]] = []
+        self._flush_scheduled = False
+        self._outstanding: set[concurrent.futures.Future[Any]] = set()
+        self._closed = False
+        self._loop = uvloop.new_event_loop()
+        self._thread = threading.Thread(
+            target=self._loop.run_forever, name="pool-client", daemon=True
+        )
+        self._thread.start()
+        try:
+            self._connection = self._on_loop(self._connect(namespace))
+        except BaseException:
+            self._stop_loop()
+            raise
+
+    async def _connect(self, namespace: str) -> Connection:
+        return Connection(namespace)
+
+    def _on_loop(self, coro: Any) -> Any:
+        return asyncio.run_coroutine_threadsafe(coro, self._loop).result()
+
+    def submit(
+        self, fn: Callable[..., Any] | str, /, *args: Any, **kwargs: Any
+    ) -> concurrent.futures.Future[Any]:
+        """Run ``fn(*args, **kwargs)`` in the pool; ``fn`` must be importable
+        by the workers (a module-level function, or ``"module:qualname"``)."""
+        task = make_task(next(self._ids), fn, args, kwargs)
+        task.timeout_s = self._timeout_s
+        future: concurrent.futures.Future[Any] = concurrent.futures.Future()
+        with self._lock:
+            if self._closed:
+                raise RuntimeError("cannot schedule new futures after shutdown")
+            self._queued.append((Submission(task=task, tags=self._tags), future))
+            self._outstanding.add(future)
+            if not self._flush_scheduled:
+                self._flush_scheduled = True
+                self._loop.call_soon_threadsafe(self._flush)
+        future.add_done_callback(self._outstanding.discard)
+        return future
+
+    def _flush(self) -> None:
+        with self._lock:
+            queued, self._queued = self._queued, []
+            self._flush_scheduled = False
+        for submission, future in queued:
+            if not future.set_running_or_notify_cancel():
+                continue
+            try:
+                self._connection.submit(submission, _resolver(future))
+            except PoolNotRunning as exc:
+                future.set_exception(exc)
+
+    def map(
+        self,
+        fn: Callable[..., Any],
+        *iterables: Iterable[Any],
+        timeout: float | None = None,
+        chunksize: int = 1,
+    ) -> Iterator[Any]:
+        """Like :meth:`Executor.map`: every task is submitted now, results come
+        in order; ``chunksize`` calls travel and run as one task."""
+        if chunksize < 1:
+            raise ValueError(f"chunksize must be at least 1, got {chunksize}")
+        if chunksize == 1:
+            futures = [self.submit(fn, *args) for args in zip(*iterables, strict=False)]
+            return _in_order(futures, timeout, flatten=False)
+        name = tasks.function_name(fn)
+        futures = [
+            self.submit(tasks.CHUNK_FUNCTION, name, chunk)
+            for chunk in _chunks(iterables, chunksize)
+        ]
+        return _in_order(futures, timeout, flatten=True)
+
+    def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
+        with self._lock:
+            self._closed = True
+            if cancel_futures:
+                for _, future in self._queued:
+                    future.cancel()
+        if wait:
+            concurrent.futures.wait(list(self._outstanding))
+        if self._thread.is_alive():
+            self._on_loop(self._connection.aclose())
+            self._stop_loop()
+
+    def _stop_loop(self) -> None:
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join()
+        self._loop.close()
+
+
+def _in_order(
+    futures: list[concurrent.futures.Future[Any]], timeout: float | None, flatten: bool
+) -> Iterator[Any]:
+    deadline = None if timeout is None else time.monotonic() + timeout
+    try:
+        for future in futures:
+            left = None if deadline is None else deadline - time.monotonic()
+            value = future.result(left)
+            if flatten:
+                yield from value
+            else:
+                yield value
+    finally:
+        for future in futures:
+            future.cancel()
+
+
+def _resolver(future: concurrent.futures.Future[Any]) -> OnResult:
+    def resolve(result: Result) -> None:
+        try:
+            future.set_result(outcome(result))
+        except BaseException as exc:
+            future.set_exception(exc)
+
+    return resolve
+
+
+class AsyncClient:
+    """The pool for asyncio code: ``async with AsyncClient(ns) as client``.
+
+    :param namespace: the pool's namespace.
+    :param tags: tags every task of this client requires of its worker.
+    :param task_timeout_s: per-task limit enforced by the worker (None: none).
+    """
+
+    def __init__(
+        self,
+        namespace: str = "default",
+        *,
+        tags: Iterable[str] = (),
+        task_timeout_s: float | None = None,
+    ) -> None:
+        self._namespace = namespace
+        self._tags = tuple(tags)
+        self._timeout_s = task_timeout_s or 0.0
+        self._ids = itertools.count(1)
+        self._connection: Connection | None = None
+
+    async def __aenter__(self) -> Self:
+        self._connection = Connection(self._namespace)
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        if self._connection is not None:
+            connection, self._connection = self._connection, None
+            await connection.aclose()
+
+    async def submit(
+        self, fn: Callable[..., Any] | str, /, *args: Any, **kwargs: Any
+    ) -> Any:
+        """Run ``fn(*args, **kwargs)`` in the pool and return its result.
+
+        Cancelling the awaiting task cancels the task in the pool.
+        """
+        if self._connection is None:
+            raise RuntimeError("use `async with AsyncClient(...)` before submitting")
+        task = make_task(next(self._ids), fn, args, kwargs)
+        task.timeout_s = self._timeout_s
+        done: asyncio.Future[Result] = asyncio.get_running_loop().create_future()
+
+        def deliver(result: Result) -> None:
+            if not done.done():
+                done.set_result(result)
+
+        self._connection.submit(Submission(task=task, tags=self._tags), deliver)
+        try:
+            return outcome(await done)
+        except asyncio.CancelledError:
+            self._connection.cancel(task.id)
+            raise
+
+    async def map(
+        self, fn: Callable[..., Any], *iterables: Iterable[Any], chunksize: int = 1
+    ) -> AsyncIterator[Any]:
+        """Results of ``fn`` over the iterables, in order."""
+        if chunksize == 1:
+            calls = [
+                asyncio.ensure_future(self.submit(fn, *a))
+                for a in zip(*iterables, strict=False)
+            ]
+            try:
+                for call in calls:
+                    yield await call
+            finally:
+                for call in calls:
+                    call.cancel()
+            return
+        name = tasks.function_name(fn)
+        chunks = [
+            asyncio.ensure_future(self.submit(tasks.CHUNK_FUNCTION, name, chunk))
+            for chunk in _chunks(iterables, chunksize)
+        ]
+        try:
+            for chunk in chunks:
+                for value in await chunk:
+                    yield value
+        finally:
+            for chunk in chunks:
+                chunk.cancel()

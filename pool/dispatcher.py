@@ -1,0 +1,241 @@
+"""The dispatcher process: ``python -m pool.dispatcher --namespace NS``.
+
+A grpc.aio server on uvloop (a unix socket in the namespace's private
+directory, or ``HOST:0``) serving the Dispatcher service to clients. It
+follows the namespace's discovery events into a :class:`~pool.routing.Router`
+and answers each client stream with batches of results as they finish. It
+prints one ``READY {json}`` line once it serves, and exits on SIGTERM,
+SIGINT or the death of ``--parent``. Started and owned by the supervisor.
+"""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "0")  # before grpc loads
+
+import argparse
+import asyncio
+import contextlib
+import logging
+import sys
+from collections.abc import AsyncIterator, Sequence
+
+import uvloop
+from grpc import aio
+
+from discovery import DiscoveryEvent, Subscriber, paths
+from pool import dispatcher_pb2_grpc
+from pool.dispatcher_pb2 import (
+    ListWorkersReply,
+    ListWorkersRequest,
+    Submission,
+    SubmissionBatch,
+    WatchEvent,
+    WatchRequest,
+    WorkerState,
+)
+from pool.routing import NO_WORKER_TIMEOUT_S, Deliver, Job, Router
+from workers import auth, lifecycle
+from workers.outbox import Outbox
+from workers.worker_pb2 import Failure, Result, ResultBatch
+
+log = logging.getLogger("pool.dispatcher")
+
+SOCKET_NAME = "dispatcher.sock"
+
+
+class DispatcherService(dispatcher_pb2_grpc.DispatcherServicer):
+    """What clients call; every task goes through the router."""
+
+    def __init__(self, router: Router) -> None:
+        self._router = router
+
+    async def Submit(
+        self, request: Submission, context: aio.ServicerContext[Submission, Result]
+    ) -> Result:
+        client_id = request.task.id
+        done: asyncio.Future[Result] = asyncio.get_running_loop().create_future()
+
+        def deliver(result: Result) -> None:
+            if not done.done():
+                done.set_result(result)
+
+        job = self._router.submit(request.task, request.tags, deliver)
+        try:
+            result = await done
+        except asyncio.CancelledError:
+            self._router.cancel(job)
+            raise
+        result.id = client_id
+        return result
+
+    async def SubmitStream(
+        self,
+        request_iterator: AsyncIterator[SubmissionBatch],
+        context: aio.ServicerContext[SubmissionBatch, ResultBatch],
+    ) -> None:
+        outbox: Outbox[Result] = Outbox()
+        jobs: dict[int, Job] = {}
+        reader = asyncio.create_task(self._read(request_iterator, jobs, outbox))
+        try:
+            async for results in outbox.batches():
+                await context.write(ResultBatch(results=results))
+        finally:
+            reader.cancel()
+            for job in list(jobs.values()):  # the client went away
+                self._router.cancel(job)
+
+    async def _read(
+        self,
+        requests: AsyncIterator[SubmissionBatch],
+        jobs: dict[int, Job],
+        outbox: Outbox[Result],
+    ) -> None:
+        finished = asyncio.Event()
+        closed = False
+
+        def deliverer(client_id: int) -> Deliver:
+            def deliver(result: Result) -> None:
+                jobs.pop(client_id, None)
+                result.id = client_id
+                outbox.put(result)
+                if closed and not jobs:
+                    finished.set()
+
+            return deliver
+
+        async for batch in requests:
+            for submission in batch.submissions:
+                client_id = submission.task.id
+                if client_id in jobs:
+                    outbox.put(_reused(client_id))
+                    continue
+                deliver = deliverer(client_id)
+                jobs[client_id] = self._router.submit(
+                    submission.task, submission.tags, deliver
+                )
+            for client_id in batch.cancel:
+                if (job := jobs.get(client_id)) is not None:
+                    self._router.cancel(job)
+        closed = True
+        if jobs:
+            await finished.wait()
+        outbox.close()
+
+    async def ListWorkers(
+        self,
+        request: ListWorkersRequest,
+        context: aio.ServicerContext[ListWorkersRequest, ListWorkersReply],
+    ) -> ListWorkersReply:
+        states = [
+            WorkerState(
+                info=link.info.to_protobuf(),
+                in_flight=len(link.in_flight),
+                done=link.done,
+            )
+            for link in self._router.links.values()
+        ]
+        return ListWorkersReply(workers=states, queued=len(self._router.queue))
+
+    async def Watch(
+        self,
+        request: WatchRequest,
+        context: aio.ServicerContext[WatchRequest, WatchEvent],
+    ) -> AsyncIterator[WatchEvent]:
+        events: asyncio.Queue[DiscoveryEvent] = asyncio.Queue()
+        for link in self._router.links.values():
+            events.put_nowait(DiscoveryEvent("worker-added", link.info))
+        self._router.watchers.add(events)
+        try:
+            while True:
+                event = await events.get()
+                yield WatchEvent(type=event.type, info=event.worker_info.to_protobuf())
+        finally:
+            self._router.watchers.discard(events)
+
+
+def _reused(client_id: int) -> Result:
+    failure = Failure(
+        type="pool.TaskIdReused",
+        message=f"task id {client_id} is already in flight on this stream",
+        code=Failure.BAD_REQUEST,
+    )
+    return Result(id=client_id, failure=failure)
+
+
+async def serve(
+    namespace: str,
+    *,
+    host: str | None = None,
+    parent: int | None = None,
+    no_worker_timeout_s: float = NO_WORKER_TIMEOUT_S,
+) -> None:
+    """Serve the namespace's clients until told to stop."""
+    token = auth.read_token(namespace)
+    router = Router(token, no_worker_timeout_s=no_worker_timeout_s)
+    server = aio.server(
+        interceptors=[auth.TokenInterceptor(token)], options=lifecycle.GRPC_OPTIONS
+    )
+    service = DispatcherService(router)
+    dispatcher_pb2_grpc.add_DispatcherServicer_to_server(service, server)  # type: ignore[no-untyped-call]
+    socket = paths.namespace_dir(namespace) / SOCKET_NAME
+    address, socket_path = lifecycle.bind(server, host, socket)
+    await server.start()
+    background = [
+        asyncio.create_task(_follow(namespace, router)),
+        asyncio.create_task(_expire(router)),
+    ]
+    try:
+        lifecycle.announce_ready(address=address)
+        await lifecycle.until_stopped(parent)
+    finally:
+        for task in background:
+            task.cancel()
+        await server.stop(1.0)
+        await router.aclose()
+        if socket_path is not None:
+            socket_path.unlink(missing_ok=True)
+
+
+async def _follow(namespace: str, router: Router) -> None:
+    async for event in Subscriber(namespace):
+        router.on_event(event)
+
+
+async def _expire(router: Router) -> None:
+    while True:
+        await asyncio.sleep(1.0)  # a ticker, not a wait for an event
+        router.expire()
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m pool.dispatcher",
+        description="Run a pool's dispatcher (started by `python -m pool up`).",
+    )
+    parser.add_argument("--namespace", default="default")
+    parser.add_argument("--host", help="listen on TCP HOST:<free port>")
+    parser.add_argument("--parent", type=int, help="exit when this pid dies")
+    parser.add_argument(
+        "--no-worker-timeout-s",
+        type=float,
+        default=NO_WORKER_TIMEOUT_S,
+        help="fail a task that finds no matching ready worker this long",
+    )
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.WARNING, format="dispatcher: %(message)s")
+    with contextlib.suppress(KeyboardInterrupt):
+        uvloop.run(
+            serve(
+                args.namespace,
+                host=args.host,
+                parent=args.parent,
+                no_worker_timeout_s=args.no_worker_timeout_s,
+            )
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
