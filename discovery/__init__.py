@@ -8,6 +8,7 @@ from discovery.errors import (
     DiscoveryError,
     InvalidNamespace,
     LockTimeout,
+    NamespaceInUse,
     NamespaceNotFound,
     RegistryCorrupt,
     RegistryFull,
@@ -19,7 +20,7 @@ from discovery.errors import (
     WorkerNotRegistered,
 )
 from discovery.info import DiscoveryEvent, EventType, Status, WorkerInfo
-from discovery.local import LocalDiscovery
+from discovery.local import LocalDiscovery, list_workers, reclaim
 from discovery.publisher import Publisher
 from discovery.subscriber import Subscriber, SubscriberStats
 
@@ -30,6 +31,7 @@ __all__ = [
     "InvalidNamespace",
     "LocalDiscovery",
     "LockTimeout",
+    "NamespaceInUse",
     "NamespaceNotFound",
     "Publisher",
     "RegistryCorrupt",
@@ -44,4 +46,6 @@ __all__ = [
     "WorkerInfo",
     "WorkerInfoTooLarge",
     "WorkerNotRegistered",
+    "list_workers",
+    "reclaim",
 ]

@@ -38,6 +38,17 @@ class NamespaceNotFound(DiscoveryError, LookupError):
         )
 
 
+class NamespaceInUse(DiscoveryError):
+    """The namespace's registry belongs to a live process."""
+
+    def __init__(self, namespace: str, pid: int) -> None:
+        self.namespace, self.pid = namespace, pid
+        super().__init__(
+            f"namespace {namespace!r} belongs to live process {pid}; stop it "
+            f"or use another namespace"
+        )
+
+
 class RegistryMismatch(DiscoveryError, ValueError):
     """The namespace exists with a layout other than the one asked for."""
 

@@ -10,6 +10,8 @@ only the namespace string, from any process.
 
 from __future__ import annotations
 
+import contextlib
+import os
 from types import TracebackType
 from typing import Self
 from uuid import uuid4
@@ -17,6 +19,8 @@ from uuid import uuid4
 import discovery.publisher as _pub
 import discovery.subscriber as _sub
 from discovery import paths
+from discovery.errors import NamespaceInUse, NamespaceNotFound, RegistryCorrupt
+from discovery.info import WorkerInfo
 from discovery.registry import Registry, RegistryLock
 
 
@@ -140,6 +144,64 @@ class LocalDiscovery:
         :param poll_interval: seconds between looks without a notification.
         """
         return _sub.Subscriber(self._namespace, filter, poll_interval=poll_interval)
+
+
+def list_workers(namespace: str) -> list[WorkerInfo]:
+    """The workers registered in ``namespace`` now, read from shared memory.
+
+    Slots that are mid-write or do not decode are left out.
+
+    :raises NamespaceNotFound: if the namespace has no registry.
+    """
+    registry = Registry.attach(namespace)
+    try:
+        found = []
+        for index in range(registry.capacity):
+            if registry.slot_version(index) == 0:
+                continue
+            read = registry.read_slot(index)
+            if read is None or read.uid is None or read.data is None:
+                continue
+            with contextlib.suppress(ValueError):
+                found.append(WorkerInfo.decode(read.data))
+        return found
+    finally:
+        registry.close()
+
+
+def reclaim(namespace: str) -> bool:
+    """Remove what a dead owner left of ``namespace``: its segment and files.
+
+    The caller must hold whatever proves it the namespace's next owner.
+
+    :returns: True if a segment was removed (an unreadable one is, too).
+    :raises NamespaceInUse: if the registry's creator is still alive.
+    """
+    try:
+        registry = Registry.attach(namespace)
+    except NamespaceNotFound:
+        return False
+    except RegistryCorrupt:
+        Registry.unlink_name(namespace)
+        return True
+    try:
+        owner = registry.owner_pid
+        if owner != os.getpid() and _alive(owner):
+            raise NamespaceInUse(namespace, owner)
+        registry.unlink()
+    finally:
+        registry.close()
+    return True
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def _notify(namespace: str, generation: int) -> None:

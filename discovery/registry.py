@@ -64,6 +64,7 @@ _HEADER: Final = struct.Struct("<8sIIIIIIQ")  # ... state, owner pid, generation
 _HEADER_SIZE: Final = 64
 _GENERATION_OFFSET: Final = 32
 _STATE_OFFSET: Final = 24
+_OWNER_OFFSET: Final = 28
 _U64: Final = struct.Struct("<Q")
 _U32: Final = struct.Struct("<I")
 _SLOT: Final = struct.Struct("<Q16sII")  # version, uid, pid, length
@@ -235,8 +236,13 @@ class Registry:
 
     def unlink(self) -> None:
         """Remove the segment name (the creator only). Never raises."""
+        self.unlink_name(self.namespace)
+
+    @staticmethod
+    def unlink_name(namespace: str) -> None:
+        """Remove a namespace's segment name. Never raises."""
         with suppress(OSError):
-            os.unlink(paths.SHM_DIR / paths.segment_name(self.namespace))
+            os.unlink(paths.SHM_DIR / paths.segment_name(namespace))
 
     # -- header ------------------------------------------------------------
 
@@ -244,6 +250,11 @@ class Registry:
     def generation(self) -> int:
         """How many changes the registry has seen."""
         return int(_U64.unpack_from(self._view, _GENERATION_OFFSET)[0])
+
+    @property
+    def owner_pid(self) -> int:
+        """The pid of the process that created the registry."""
+        return int(_U32.unpack_from(self._view, _OWNER_OFFSET)[0])
 
     @property
     def closed(self) -> bool:

@@ -50,6 +50,12 @@ class DispatcherService(dispatcher_pb2_grpc.DispatcherServicer):
 
     def __init__(self, router: Router) -> None:
         self._router = router
+        self._streams: set[Outbox[Result]] = set()
+
+    def end_streams(self) -> None:
+        """End every client stream cleanly before the server stops."""
+        for outbox in self._streams:
+            outbox.close()
 
     async def Submit(
         self, request: Submission, context: aio.ServicerContext[Submission, Result]
@@ -78,10 +84,12 @@ class DispatcherService(dispatcher_pb2_grpc.DispatcherServicer):
         outbox: Outbox[Result] = Outbox()
         jobs: dict[int, Job] = {}
         reader = asyncio.create_task(self._read(request_iterator, jobs, outbox))
+        self._streams.add(outbox)
         try:
             async for results in outbox.batches():
                 await context.write(ResultBatch(results=results))
         finally:
+            self._streams.discard(outbox)
             reader.cancel()
             for job in list(jobs.values()):  # the client went away
                 self._router.cancel(job)
@@ -192,6 +200,7 @@ async def serve(
     finally:
         for task in background:
             task.cancel()
+        service.end_streams()
         await server.stop(1.0)
         await router.aclose()
         if socket_path is not None:

@@ -143,6 +143,7 @@ async def serve(config: Config) -> None:
             )
             await publisher.publish("worker-updated", draining)
             await _drain(service, config.grace_s)
+            service.end_streams()
     finally:
         await server.stop(1.0)
         service.close()

@@ -39,6 +39,7 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
         self._threads = ThreadPoolExecutor(concurrency, thread_name_prefix="task")
         self._on_change = on_change
         self._active: set[asyncio.Task[Result]] = set()
+        self._streams: set[Outbox[Result]] = set()
         self._idle = asyncio.Event()
         self._idle.set()
         self.draining = False
@@ -54,6 +55,12 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
         """Return once no task is under way."""
         await self._idle.wait()
 
+    def end_streams(self) -> None:
+        """End every Run stream cleanly (once drained), so that stopping the
+        server cancels nothing."""
+        for outbox in self._streams:
+            outbox.close()
+
     def close(self) -> None:
         """Stop the task threads (those running finish on their own)."""
         self._threads.shutdown(wait=False, cancel_futures=True)
@@ -66,10 +73,12 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
         outbox: Outbox[Result] = Outbox()
         stream: dict[int, asyncio.Task[Result]] = {}
         reader = asyncio.create_task(self._read(request_iterator, stream, outbox))
+        self._streams.add(outbox)
         try:
             async for results in outbox.batches():
                 await context.write(ResultBatch(results=results))
         finally:
+            self._streams.discard(outbox)
             reader.cancel()
             for task in stream.values():
                 task.cancel()

@@ -1,0 +1,95 @@
+"""``Pool(workers=N)``: a whole pool inside this process, for scripts and tests.
+
+The supervisor runs on its own uvloop loop on a daemon thread (so no
+signal handlers: this process's own Ctrl-C ends it through ``__exit__``);
+its children are separate processes as ever, and exit by themselves if
+this process dies. ``__enter__`` returns a :class:`~pool.client.Client`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import threading
+import uuid
+from types import TracebackType
+from typing import Final
+
+import uvloop
+
+from pool.client import Client
+from pool.errors import PoolError
+from pool.supervisor import Options, Supervisor
+from pool.view import PlainView
+
+START_TIMEOUT_S: Final = 60.0
+
+
+class Pool:
+    """Start a pool on entry, stop it (leaving nothing behind) on exit.
+
+    :param workers: worker processes to start.
+    :param namespace: its namespace (a fresh one by default).
+    :param concurrency: tasks each worker runs at once.
+    """
+
+    def __init__(
+        self, workers: int = 4, *, namespace: str | None = None, concurrency: int = 1
+    ) -> None:
+        self.options = Options(
+            namespace=namespace or f"pool-{uuid.uuid4().hex[:12]}",
+            workers=workers,
+            concurrency=concurrency,
+        )
+        self.log = io.StringIO()  # what `pool up` would have printed
+        self._thread: threading.Thread | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._stop: asyncio.Event | None = None
+        self._ready = threading.Event()
+        self._error: BaseException | None = None
+        self._client: Client | None = None
+
+    @property
+    def namespace(self) -> str:
+        return self.options.namespace
+
+    def __enter__(self) -> Client:
+        self._thread = threading.Thread(target=self._run, name="pool", daemon=True)
+        self._thread.start()
+        if not self._ready.wait(START_TIMEOUT_S) or self._error is not None:
+            self._shutdown()
+            raise PoolError(f"the pool did not start: {self._error}") from self._error
+        self._client = Client(self.namespace)
+        return self._client
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        if self._client is not None:
+            self._client.shutdown()
+        self._shutdown()
+
+    def _run(self) -> None:
+        try:
+            uvloop.run(self._main())
+        except BaseException as exc:
+            self._error = exc
+        finally:
+            self._ready.set()
+
+    async def _main(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._stop = asyncio.Event()
+        supervisor = Supervisor(self.options, PlainView(self.log))
+        ready = asyncio.create_task(supervisor.ready.wait())
+        ready.add_done_callback(lambda _: self._ready.set())
+        await supervisor.run(self._stop, asyncio.Event())
+
+    def _shutdown(self) -> None:
+        if self._loop is not None and self._stop is not None:
+            self._loop.call_soon_threadsafe(self._stop.set)
+        if self._thread is not None:
+            self._thread.join()
