@@ -68,6 +68,7 @@ class DispatcherService(dispatcher_pb2_grpc.DispatcherServicer):
                 done.set_result(result)
 
         job = self._router.submit(request.task, request.tags, deliver)
+        self._router.pump()
         try:
             result = await done
         except asyncio.CancelledError:
@@ -123,6 +124,7 @@ class DispatcherService(dispatcher_pb2_grpc.DispatcherServicer):
                 jobs[client_id] = self._router.submit(
                     submission.task, submission.tags, deliver
                 )
+            self._router.pump()
             for client_id in batch.cancel:
                 if (job := jobs.get(client_id)) is not None:
                     self._router.cancel(job)

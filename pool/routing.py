@@ -207,11 +207,11 @@ class Router:
     # -- tasks ---------------------------------------------------------------
 
     def submit(self, task: Task, tags: Iterable[str], deliver: Deliver) -> Job:
-        """Take a task (its id is replaced by the dispatcher's own)."""
+        """Queue a task (its id is replaced by the dispatcher's own). Call
+        :meth:`pump` once the caller's batch is queued."""
         task.id = next(self._ids)
         job = Job(task, frozenset(tags), deliver)
         self.queue.append(job)
-        self.pump()
         return job
 
     def cancel(self, job: Job) -> None:
@@ -257,8 +257,7 @@ class Router:
                 continue
             min(open_, key=_load).send(job)
             free -= 1
-        waiting.extend(self.queue)
-        self.queue = waiting
+        self.queue.extendleft(reversed(waiting))  # skipped jobs keep their place
 
     def expire(self) -> None:
         """Fail the tasks that have had no matching ready worker for too long.

@@ -22,6 +22,7 @@ MAX_MESSAGE_BYTES: Final = 128 * 1024 * 1024
 GRPC_OPTIONS: Final = (
     ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
     ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+    ("grpc.optimization_target", "latency"),
 )
 READY_PREFIX: Final = "READY "
 
