@@ -5,6 +5,13 @@ through shared memory.
 :class:`AsyncClient` use one; :class:`Pool` starts one inside this process.
 """
 
+import os
+
+# gRPC's fork handlers crash children forked while its threads run (seen
+# here as a SIGSEGV in a worker started from a process with a live client);
+# every child is a fresh interpreter anyway. Must precede any grpc import.
+os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "0")
+
 from pool.client import AsyncClient, Client
 from pool.embedded import Pool
 from pool.errors import (

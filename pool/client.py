@@ -119,7 +119,8 @@ class Connection:
             self._broken = self._broken or PoolNotRunning(self.namespace, "closed")
             waiters, self._waiters = self._waiters, {}
             for task_id, on_result in waiters.items():
-                on_result(Result(id=task_id, failure=tasks.failure_of(self._broken)))
+                failure = tasks.failure_of(self._broken, remote=False)
+                on_result(Result(id=task_id, failure=failure))
 
     async def aclose(self) -> None:
         """Close the stream and channel. Never raises."""
@@ -164,6 +165,7 @@ class Client(concurrent.futures.Executor):
         tags: Iterable[str] = (),
         task_timeout_s: float | None = None,
     ) -> None:
+        self.namespace = namespace
         self._tags = tuple(tags)
         self._timeout_s = task_timeout_s or 0.0
         self._ids = itertools.count(1)

@@ -10,10 +10,6 @@ SIGINT or the death of ``--parent``. Started and owned by the supervisor.
 
 from __future__ import annotations
 
-import os
-
-os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "0")  # before grpc loads
-
 import argparse
 import asyncio
 import contextlib
@@ -182,6 +178,7 @@ async def serve(
     no_worker_timeout_s: float = NO_WORKER_TIMEOUT_S,
 ) -> None:
     """Serve the namespace's clients until told to stop."""
+    stopper = lifecycle.Stopper(parent)
     token = auth.read_token(namespace)
     router = Router(token, no_worker_timeout_s=no_worker_timeout_s)
     server = aio.server(
@@ -198,8 +195,9 @@ async def serve(
     ]
     try:
         lifecycle.announce_ready(address=address)
-        await lifecycle.until_stopped(parent)
+        await stopper.wait()
     finally:
+        stopper.close()
         for task in background:
             task.cancel()
         service.end_streams()

@@ -9,6 +9,7 @@ this process dies. ``__enter__`` returns a :class:`~pool.client.Client`.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import io
 import threading
 import uuid
@@ -31,15 +32,25 @@ class Pool:
     :param workers: worker processes to start.
     :param namespace: its namespace (a fresh one by default).
     :param concurrency: tasks each worker runs at once.
+    :param tags: tags every worker has.
+    :param no_worker_timeout_s: how long a task waits for a matching worker.
     """
 
     def __init__(
-        self, workers: int = 4, *, namespace: str | None = None, concurrency: int = 1
+        self,
+        workers: int = 4,
+        *,
+        namespace: str | None = None,
+        concurrency: int = 1,
+        tags: tuple[str, ...] = (),
+        no_worker_timeout_s: float = 30.0,
     ) -> None:
         self.options = Options(
             namespace=namespace or f"pool-{uuid.uuid4().hex[:12]}",
             workers=workers,
             concurrency=concurrency,
+            tags=tags,
+            no_worker_timeout_s=no_worker_timeout_s,
         )
         self.log = io.StringIO()  # what `pool up` would have printed
         self._thread: threading.Thread | None = None
@@ -85,11 +96,17 @@ class Pool:
         self._stop = asyncio.Event()
         supervisor = Supervisor(self.options, PlainView(self.log))
         ready = asyncio.create_task(supervisor.ready.wait())
-        ready.add_done_callback(lambda _: self._ready.set())
+
+        def announce(done: asyncio.Task[bool]) -> None:
+            if not done.cancelled():  # cancelled: run() failed; _run reports it
+                self._ready.set()
+
+        ready.add_done_callback(announce)
         await supervisor.run(self._stop, asyncio.Event())
 
     def _shutdown(self) -> None:
         if self._loop is not None and self._stop is not None:
-            self._loop.call_soon_threadsafe(self._stop.set)
+            with contextlib.suppress(RuntimeError):  # the loop already ended
+                self._loop.call_soon_threadsafe(self._stop.set)
         if self._thread is not None:
             self._thread.join()

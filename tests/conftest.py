@@ -4,6 +4,7 @@ child process behind (cleaning up even when it fails)."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import tempfile
@@ -15,6 +16,7 @@ import pytest
 
 from discovery import paths
 from tests.helpers import children_of
+from tests.pools import processes_mentioning
 
 _RUNTIME = tempfile.mkdtemp(prefix="shmp-test-runtime-")
 os.chmod(_RUNTIME, 0o700)
@@ -34,6 +36,10 @@ def make_namespace() -> Iterator[Callable[[], str]]:
     yield make
     problems = []
     for name in made:
+        for pid in processes_mentioning(name):
+            problems.append(f"process {pid} of namespace {name} left running")
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
         segment = paths.SHM_DIR / paths.segment_name(name)
         if segment.exists():
             problems.append(f"segment {segment} left behind")
@@ -52,15 +58,21 @@ def namespace(make_namespace: Callable[[], str]) -> str:
 
 @pytest.fixture(autouse=True)
 def no_stray_children() -> Iterator[None]:
+    """Children a test started must be gone when it ends (a wider fixture's,
+    such as a module's pool, are not the test's)."""
+    before = set(children_of(os.getpid()))
     yield
-    strays = children_of(os.getpid())
+    strays = [pid for pid in children_of(os.getpid()) if pid not in before]
     for pid in strays:
         os.kill(pid, signal.SIGKILL)
         os.waitpid(pid, 0)
     assert not strays, f"test left child processes {strays}"
 
 
-def pytest_sessionfinish(session: pytest.Session) -> None:
+@pytest.fixture(scope="session", autouse=True)
+def private_runtime_dir() -> Iterator[None]:
+    """Remove the session's runtime directory after every other teardown."""
+    yield
     runtime = Path(_RUNTIME)
     for entry in sorted(runtime.rglob("*"), reverse=True):
         entry.rmdir() if entry.is_dir() else entry.unlink()

@@ -20,6 +20,40 @@ ROOT = Path(__file__).resolve().parent.parent
 DEADLINE_S = 10.0
 
 
+class LineReader:
+    """Lines of a child's output, read on a thread, taken with a deadline."""
+
+    def __init__(self, stream: Any) -> None:
+        self._lines: queue.Queue[str] = queue.Queue()
+        self.seen: list[str] = []
+        threading.Thread(target=self._pump, args=(stream,), daemon=True).start()
+
+    def _pump(self, stream: Any) -> None:
+        with contextlib.suppress(ValueError, OSError):  # closed under us
+            for line in stream:
+                self._lines.put(line)
+        self._lines.put("")  # end of output
+
+    def next(self, timeout_s: float = DEADLINE_S) -> str:
+        """The next line ('' at the end of output); fails past the deadline."""
+        try:
+            line = self._lines.get(timeout=timeout_s)
+        except queue.Empty:
+            raise TimeoutError(f"no line within {timeout_s} s") from None
+        self.seen.append(line)
+        return line
+
+    def wait_for(self, prefix: str, timeout_s: float = DEADLINE_S) -> str:
+        """The next line starting with ``prefix``, within the deadline."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            line = self.next(max(0.0, deadline - time.monotonic()))
+            if not line:
+                raise EOFError(f"output ended before {prefix!r}: {self.seen[-20:]}")
+            if line.startswith(prefix):
+                return line
+
+
 class Agent:
     """A child Python process that speaks JSON lines on stdin and stdout."""
 
@@ -36,15 +70,7 @@ class Agent:
             bufsize=1,
         )
         self.pid = self.proc.pid
-        self._lines: queue.Queue[str] = queue.Queue()
-        threading.Thread(target=self._pump, daemon=True).start()
-
-    def _pump(self) -> None:
-        assert self.proc.stdout is not None
-        with contextlib.suppress(ValueError, OSError):  # closed under us
-            for line in self.proc.stdout:
-                self._lines.put(line)
-        self._lines.put("")  # end of output
+        self._lines = LineReader(self.proc.stdout)
 
     def send(self, **command: Any) -> None:
         assert self.proc.stdin is not None
@@ -53,12 +79,7 @@ class Agent:
 
     def read(self, timeout_s: float = DEADLINE_S) -> dict[str, Any]:
         """The next line the agent prints, parsed; fails past the deadline."""
-        try:
-            line = self._lines.get(timeout=timeout_s)
-        except queue.Empty:
-            raise TimeoutError(
-                f"agent {self.pid} said nothing in {timeout_s} s"
-            ) from None
+        line = self._lines.next(timeout_s)
         if not line:
             self.proc.wait(DEADLINE_S)
             raise EOFError(f"agent {self.pid} exited: {self.stderr()}")

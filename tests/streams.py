@@ -7,7 +7,7 @@ import asyncio
 import os
 import struct
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager, contextmanager
 from typing import Any
 
@@ -23,6 +23,17 @@ async def next_event(
 ) -> DiscoveryEvent:
     """The stream's next event; fails past the deadline."""
     return await asyncio.wait_for(anext(stream), timeout_s)
+
+
+async def eventually(
+    predicate: Callable[[], bool], timeout_s: float = DEADLINE_S
+) -> None:
+    """Wait, without blocking the loop, until ``predicate`` holds."""
+    async with asyncio.timeout(timeout_s):
+        delay = 0.001
+        while not predicate():
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 0.05)
 
 
 async def events_until(

@@ -4,3 +4,10 @@
 :mod:`workers.tasks` is the task format both sides share; :mod:`workers.auth`
 the pool's token.
 """
+
+import os
+
+# gRPC's fork handlers crash children forked while its threads run (seen
+# here as a SIGSEGV in a worker started from a process with a live client);
+# every child is a fresh interpreter anyway. Must precede any grpc import.
+os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "0")

@@ -47,22 +47,33 @@ def announce_ready(**fields: Any) -> None:
     sys.stdout.flush()
 
 
-async def until_stopped(parent: int | None) -> None:
-    """Return on SIGTERM, SIGINT or the death of ``parent``."""
-    loop = asyncio.get_running_loop()
-    stop = asyncio.Event()
-    for signum in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(signum, stop.set)
-    parent_fd = None
-    if parent is not None:
-        try:
-            parent_fd = os.pidfd_open(parent)
-        except ProcessLookupError:
-            return  # gone already
-        loop.add_reader(parent_fd, stop.set)
-    try:
-        await stop.wait()
-    finally:
-        if parent_fd is not None:
-            loop.remove_reader(parent_fd)
-            os.close(parent_fd)
+class Stopper:
+    """SIGTERM, SIGINT or the death of ``parent``, caught from creation on.
+
+    Create it first thing in a process's main coroutine: a signal that
+    comes before it exists kills the process outright, undrained.
+    """
+
+    def __init__(self, parent: int | None) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._stop = asyncio.Event()
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            self._loop.add_signal_handler(signum, self._stop.set)
+        self._parent_fd: int | None = None
+        if parent is not None:
+            try:
+                self._parent_fd = os.pidfd_open(parent)
+            except ProcessLookupError:
+                self._stop.set()  # gone already
+            else:
+                self._loop.add_reader(self._parent_fd, self._stop.set)
+
+    async def wait(self) -> None:
+        """Return once told to stop."""
+        await self._stop.wait()
+
+    def close(self) -> None:
+        if self._parent_fd is not None:
+            self._loop.remove_reader(self._parent_fd)
+            os.close(self._parent_fd)
+            self._parent_fd = None

@@ -14,15 +14,12 @@ in ``WorkerInfo.extra`` in a ``worker-updated`` at most once a second.
 
 from __future__ import annotations
 
-import os
-
-os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "0")  # before grpc loads
-
 import argparse
 import asyncio
 import contextlib
 import dataclasses
 import logging
+import os
 import sys
 import uuid
 from collections.abc import Sequence
@@ -123,6 +120,14 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 async def serve(config: Config) -> None:
     """Serve until told to stop, then drain; see the module docstring."""
+    stopper = lifecycle.Stopper(config.parent)
+    try:
+        await _serve(config, stopper)
+    finally:
+        stopper.close()
+
+
+async def _serve(config: Config, stopper: lifecycle.Stopper) -> None:
     token = auth.read_token(config.namespace)
     uid = uuid.uuid4()
     changed = asyncio.Event()
@@ -151,7 +156,7 @@ async def serve(config: Config) -> None:
             lifecycle.announce_ready(uid=str(uid), address=address)
             reporter = asyncio.create_task(_report(publisher, service, info, changed))
             try:
-                await lifecycle.until_stopped(config.parent)
+                await stopper.wait()
             finally:
                 reporter.cancel()
                 with contextlib.suppress(asyncio.CancelledError):

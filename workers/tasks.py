@@ -134,8 +134,11 @@ def dump_value(value: Any) -> bytes:
     return pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)
 
 
-def failure_of(exc: BaseException, code: Failure.Code = Failure.RAISED) -> Failure:
-    """A Failure carrying ``exc``, its type, text and traceback."""
+def failure_of(
+    exc: BaseException, code: Failure.Code = Failure.RAISED, *, remote: bool = True
+) -> Failure:
+    """A Failure carrying ``exc``, its type, text and (if ``remote``) its
+    traceback, which the receiving side attaches as the cause."""
     kind = type(exc)
     try:
         pickled = pickle.dumps(exc, protocol=pickle.HIGHEST_PROTOCOL)
@@ -145,7 +148,7 @@ def failure_of(exc: BaseException, code: Failure.Code = Failure.RAISED) -> Failu
     return Failure(
         type=f"{kind.__module__}.{kind.__qualname__}",
         message=str(exc),
-        traceback="".join(traceback.format_exception(exc)),
+        traceback="".join(traceback.format_exception(exc)) if remote else "",
         exception=pickled,
         code=code,
     )

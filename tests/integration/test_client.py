@@ -1,0 +1,115 @@
+"""Client, AsyncClient and the embedded Pool against real pools."""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import time
+from collections.abc import Iterator
+
+import pytest
+
+from discovery import list_workers, paths
+from pool import AsyncClient, BadTask, Client, NoWorkerAvailable, Pool, PoolNotRunning
+from tests import sample_tasks
+from tests.pools import processes_mentioning
+from tests.streams import eventually
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
+
+
+@pytest.fixture(scope="module")
+def pool() -> Iterator[Pool]:
+    """One embedded pool of 4 workers shared by this module's tests."""
+    embedded = Pool(workers=4)
+    with embedded:
+        yield embedded
+    assert not (paths.SHM_DIR / paths.segment_name(embedded.namespace)).exists()
+    assert not paths.namespace_dir(embedded.namespace, create=False).exists()
+    assert processes_mentioning(embedded.namespace) == []
+
+
+def test_map_keeps_order_with_and_without_chunks(pool: Pool) -> None:
+    """map returns results in input order, whatever the chunk size."""
+    with Client(pool.namespace) as client:
+        expected = [x * x for x in range(500)]
+        assert list(client.map(sample_tasks.square, range(500))) == expected
+        assert (
+            list(client.map(sample_tasks.square, range(500), chunksize=37)) == expected
+        )
+
+
+def test_map_timeout_raises(pool: Pool) -> None:
+    """map's timeout bounds the wait for results, as Executor.map's does."""
+    with Client(pool.namespace) as client:
+        results = client.map(sample_tasks.nap, [2.0], timeout=0.2)
+        with pytest.raises(concurrent.futures.TimeoutError):
+            list(results)
+
+
+def test_task_timeout_reaches_the_worker(pool: Pool) -> None:
+    """A per-task timeout fails the task at the worker with TimeoutError."""
+    with Client(pool.namespace, task_timeout_s=0.3) as client:
+        started = time.monotonic()
+        with pytest.raises(TimeoutError, match=r"ran over its 0\.3 s"):
+            client.submit(sample_tasks.async_nap, 30).result(timeout=10)
+        assert time.monotonic() - started < 10
+        assert client.submit(sample_tasks.square, 4).result(timeout=30) == 16
+
+
+async def test_async_client_submit_map_and_cancel(pool: Pool) -> None:
+    """AsyncClient runs coroutine and plain functions; cancelling the awaiting
+    task cancels the task in its worker (its running count falls to 0)."""
+    async with AsyncClient(pool.namespace) as client:
+        assert await client.submit(sample_tasks.async_double, 21) == 42
+        got = [value async for value in client.map(sample_tasks.square, range(50))]
+        assert got == [x * x for x in range(50)]
+        napping = asyncio.ensure_future(client.submit(sample_tasks.async_nap, 60))
+        await eventually(lambda: _running(pool.namespace) == 1)
+        napping.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await napping
+        await eventually(lambda: _running(pool.namespace) == 0)
+
+
+def _running(namespace: str) -> int:
+    return sum(int(w.extra.get("running", "0")) for w in list_workers(namespace))
+
+
+def test_tasks_spread_to_the_least_loaded_workers(pool: Pool) -> None:
+    """Eight tasks that each hold a worker for a moment land on all four."""
+    with Client(pool.namespace) as client:
+        pids = set(client.map(sample_tasks.pid_after, [0.3] * 8))
+    assert pids == {w.pid for w in list_workers(pool.namespace)}
+
+
+def test_bad_tasks_fail_clearly(pool: Pool) -> None:
+    """Unimportable names, non-callables and lambdas fail with BadTask; the
+    pool keeps serving."""
+    with Client(pool.namespace) as client:
+        with pytest.raises(BadTask, match="cannot import module 'no_such_module'"):
+            client.submit("no_such_module:f").result(timeout=30)
+        with pytest.raises(BadTask, match="is a int, not a callable"):
+            client.submit("tests.sample_tasks:NOT_CALLABLE").result(timeout=30)
+        with pytest.raises(BadTask, match="cannot be imported by a worker"):
+            client.submit(lambda: 1)
+        assert client.submit(sample_tasks.square, 5).result(timeout=30) == 25
+
+
+def test_no_matching_worker_fails_after_the_wait() -> None:
+    """A task whose tags no worker has waits the bounded time, then fails
+    with NoWorkerAvailable; a matching worker takes a tagged task."""
+    with Pool(workers=1, tags=("gpu",), no_worker_timeout_s=1.0) as client:
+        with Client(client.namespace, tags=("gpu",)) as gpu:
+            assert gpu.submit(sample_tasks.square, 3).result(timeout=30) == 9
+        with Client(client.namespace, tags=("tpu",)) as tpu:
+            future = tpu.submit(sample_tasks.square, 3)
+            with pytest.raises(
+                NoWorkerAvailable, match="no ready worker with tags tpu"
+            ):
+                future.result(timeout=30)
+
+
+def test_client_without_pool_says_how_to_start_one(namespace: str) -> None:
+    with pytest.raises(PoolNotRunning, match=r"start one with `python -m pool up"):
+        Client(namespace)

@@ -1,0 +1,153 @@
+"""``python -m pool up`` end to end: real supervisor, dispatcher, workers."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+
+import grpc
+import pytest
+
+from discovery import list_workers, paths
+from pool import Client, RemoteTraceback
+from pool.client import locate
+from pool.dispatcher_pb2 import Submission, SubmissionBatch
+from pool.dispatcher_pb2_grpc import DispatcherStub
+from tests import sample_tasks
+from tests.helpers import ROOT, LineReader
+from tests.pools import pool_command, processes_mentioning, running_pool
+from workers import auth
+from workers.worker_pb2 import Task, TaskBatch
+from workers.worker_pb2_grpc import WorkerStub
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.mark.timeout(120)
+def test_pool_up_runs_tasks_and_every_command(namespace: str) -> None:
+    """With 8 workers and stdout not a terminal: 1,000 tasks through map come
+    back right and in order, an exception re-raises with its remote
+    traceback, and submit, workers, watch and down all work."""
+    with running_pool(namespace, "--workers", "8") as pool:
+        with Client(namespace) as client:
+            values = list(client.map(sample_tasks.square, range(1000)))
+            assert values == [x * x for x in range(1000)]
+            future = client.submit(sample_tasks.fail, "boom")
+            with pytest.raises(ValueError, match=r"^boom$") as raised:
+                future.result(timeout=30)
+            assert isinstance(raised.value.__cause__, RemoteTraceback)
+            assert "in fail" in str(raised.value.__cause__)
+
+        done = pool_command("submit", "-n", namespace, "tests.sample_tasks:square", "7")
+        assert (done.returncode, done.stdout) == (0, "49\n")
+
+        listed = pool_command("workers", "-n", namespace)
+        lines = listed.stdout.splitlines()
+        assert listed.returncode == 0 and len(lines) == 8
+        assert all(
+            line.startswith("worker pid=") and "status=ready" in line for line in lines
+        )
+
+        watch = subprocess.Popen(
+            [sys.executable, "-m", "pool", "watch", "-n", namespace],
+            stdout=subprocess.PIPE, text=True, cwd=ROOT,
+        )  # fmt: skip
+        try:
+            reader = LineReader(watch.stdout)
+            for _ in range(8):
+                assert reader.wait_for("worker-added ", 30)
+            watch.send_signal(signal.SIGINT)
+            assert watch.wait(30) in (0, 130)
+        finally:
+            watch.kill()
+            watch.wait()
+            assert watch.stdout is not None
+            watch.stdout.close()
+
+        down = pool_command("down", "-n", namespace, timeout_s=90)
+        assert down.returncode == 0, down.stderr
+        assert down.stdout.startswith(f"stopped pool {namespace!r}")
+        assert pool.proc.wait(30) == 0
+        pool.wait_for("stopped ")
+    _assert_nothing_left(namespace)
+
+
+@pytest.mark.timeout(90)
+def test_sigint_drains_and_leaves_nothing(namespace: str) -> None:
+    """SIGINT drains the pool: exit 0, every worker dropped, and no segment,
+    runtime file or process left."""
+    with running_pool(namespace, "--workers", "3") as pool:
+        assert len(list_workers(namespace)) == 3
+        assert pool.stop(signal.SIGINT) == 0
+        for _ in range(3):
+            pool.wait_for("worker-dropped ")
+        pool.wait_for("stopped ")
+    _assert_nothing_left(namespace)
+
+
+def test_second_pool_on_a_live_namespace_is_refused(namespace: str) -> None:
+    """A live pool is never taken over: a second `up` says so and exits 1."""
+    with running_pool(namespace, "--workers", "1"):
+        second = pool_command("up", "-n", namespace, "--workers", "1", timeout_s=30)
+        assert second.returncode == 1
+        assert second.stderr.startswith(
+            f"pool: error: a pool already runs in namespace {namespace!r}"
+        )
+        assert "Traceback" not in second.stderr
+
+
+@pytest.mark.timeout(60)
+def test_calls_without_the_token_are_refused(namespace: str) -> None:
+    """The dispatcher and every worker refuse a call with no or a wrong
+    token (UNAUTHENTICATED), and keep serving the pool."""
+    with running_pool(namespace, "--workers", "1"):
+        address, _ = locate(namespace)
+        worker = list_workers(namespace)[0]
+        for metadata in [(), auth.call_metadata("0" * 64)]:
+            with grpc.insecure_channel(address) as channel:
+                stub = DispatcherStub(channel)  # type: ignore[no-untyped-call]
+                with pytest.raises(grpc.RpcError) as refused:
+                    stub.Submit(
+                        Submission(task=Task(id=1)), metadata=metadata, timeout=10
+                    )
+                assert refused.value.code() == grpc.StatusCode.UNAUTHENTICATED
+                stream = stub.SubmitStream(iter([SubmissionBatch()]), metadata=metadata)
+                with pytest.raises(grpc.RpcError) as refused:
+                    list(stream)
+                assert refused.value.code() == grpc.StatusCode.UNAUTHENTICATED
+            with grpc.insecure_channel(worker.address) as channel:
+                run = WorkerStub(channel).Run(  # type: ignore[no-untyped-call]
+                    iter([TaskBatch(tasks=[Task(id=1, function="os:system")])]),
+                    metadata=metadata,
+                )
+                with pytest.raises(grpc.RpcError) as refused:
+                    list(run)
+                assert refused.value.code() == grpc.StatusCode.UNAUTHENTICATED
+        with Client(namespace) as client:
+            assert client.submit(sample_tasks.square, 3).result(timeout=30) == 9
+
+
+def test_cli_errors_are_one_line(namespace: str) -> None:
+    """Without a pool, commands fail with one clear line and exit 1."""
+    for args in (
+        ["submit", "-n", namespace, "math:sqrt", "4"],
+        ["down", "-n", namespace],
+    ):
+        done = pool_command(*args)
+        assert done.returncode == 1
+        assert done.stderr == (
+            f"pool: error: no pool is running in namespace {namespace!r}; start one "
+            f"with `python -m pool up --namespace {namespace}`\n"
+        )
+    bad = pool_command("workers", "-n", "../etc")
+    assert bad.returncode == 1 and bad.stderr.startswith(
+        "pool: error: invalid namespace"
+    )
+    paths.remove_namespace_dir(namespace)
+
+
+def _assert_nothing_left(namespace: str) -> None:
+    assert not (paths.SHM_DIR / paths.segment_name(namespace)).exists()
+    assert not paths.namespace_dir(namespace, create=False).exists()
+    assert processes_mentioning(namespace) == []

@@ -1,0 +1,92 @@
+"""Running ``python -m pool`` for tests: start, read its lines, always stop."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from tests.helpers import DEADLINE_S, ROOT, LineReader
+
+
+def pool_command(
+    *args: str, timeout_s: float = DEADLINE_S
+) -> subprocess.CompletedProcess[str]:
+    """Run one ``python -m pool`` command to completion."""
+    return subprocess.run(
+        [sys.executable, "-m", "pool", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout_s,
+        cwd=ROOT,
+        env=_env(),
+    )
+
+
+def _env() -> dict[str, str]:
+    return {**os.environ, "PYTHONPATH": str(ROOT)}
+
+
+class RunningPool:
+    """A ``python -m pool up`` process and the lines it prints."""
+
+    def __init__(self, namespace: str, *args: str) -> None:
+        self.namespace = namespace
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "pool", "up", "--namespace", namespace, *args],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            stdin=subprocess.DEVNULL,
+            text=True,
+            cwd=ROOT,
+            env=_env(),
+        )
+        assert self.proc.stdout is not None
+        self.lines = LineReader(self.proc.stdout)
+
+    def wait_for(self, prefix: str, timeout_s: float = 30.0) -> str:
+        """The next line starting with ``prefix`` (skipping others)."""
+        return self.lines.wait_for(prefix, timeout_s)
+
+    def stop(self, signum: int = signal.SIGINT, timeout_s: float = 60.0) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signum)
+        return self.proc.wait(timeout_s)
+
+
+@contextmanager
+def running_pool(namespace: str, *args: str) -> Iterator[RunningPool]:
+    """A pool that is ready on entry and stopped (or killed) on exit."""
+    pool = RunningPool(namespace, *args)
+    try:
+        pool.wait_for("ready ")
+        yield pool
+    finally:
+        if pool.proc.poll() is None:
+            try:
+                pool.stop()
+            except subprocess.TimeoutExpired:
+                pool.proc.kill()
+                pool.proc.wait()
+        for stream in (pool.proc.stdout, pool.proc.stderr):
+            if stream is not None:
+                stream.close()
+
+
+def processes_mentioning(text: str) -> list[int]:
+    """Live processes whose command line contains ``text``."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ")
+        except OSError:
+            continue
+        if text.encode() in cmdline:
+            found.append(int(entry.name))
+    return found
