@@ -18,6 +18,7 @@ import asyncio
 import importlib
 import inspect
 import pickle
+import sys
 import traceback
 from collections.abc import Callable
 from functools import cache
@@ -67,11 +68,14 @@ def function_name(fn: Callable[..., Any]) -> str:
     """
     module = getattr(fn, "__module__", None)
     qualname = getattr(fn, "__qualname__", None)
-    if not module or not qualname or "<" in qualname or module == "__main__":
+    if module == "__main__":  # run with `python -m package.module`: its real name
+        spec = getattr(sys.modules["__main__"], "__spec__", None)
+        module = spec.name if spec is not None else None
+    if not module or not qualname or "<" in qualname:
         raise BadTask(
             f"{fn!r} cannot be imported by a worker; pass a function defined at "
-            f"the top level of an importable module (not __main__, a lambda or a "
-            f"nested function)"
+            f"the top level of an importable module (not a script run by path, a "
+            f"lambda or a nested function)"
         )
     return f"{module}:{qualname}"
 
