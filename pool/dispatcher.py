@@ -4,8 +4,9 @@ A grpc.aio server on uvloop (a unix socket in the namespace's private
 directory, or ``HOST:0``) serving the Dispatcher service to clients. It
 follows the namespace's discovery events into a :class:`~pool.routing.Router`
 and answers each client stream with batches of results as they finish. It
-prints one ``READY {json}`` line once it serves, and exits on SIGTERM,
-SIGINT or the death of ``--parent``. Started and owned by the supervisor.
+writes one ``READY {json}`` line (to ``--ready-fd``) once it serves, and
+exits on SIGTERM, SIGINT or the death of ``--parent``. Started and owned by
+the supervisor.
 """
 
 from __future__ import annotations
@@ -175,6 +176,7 @@ async def serve(
     *,
     host: str | None = None,
     parent: int | None = None,
+    ready_fd: int | None = None,
     no_worker_timeout_s: float = NO_WORKER_TIMEOUT_S,
 ) -> None:
     """Serve the namespace's clients until told to stop."""
@@ -194,7 +196,7 @@ async def serve(
         asyncio.create_task(_expire(router)),
     ]
     try:
-        lifecycle.announce_ready(address=address)
+        lifecycle.announce_ready(ready_fd, address=address)
         await stopper.wait()
     finally:
         stopper.close()
@@ -226,6 +228,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--namespace", default="default")
     parser.add_argument("--host", help="listen on TCP HOST:<free port>")
     parser.add_argument("--parent", type=int, help="exit when this pid dies")
+    parser.add_argument("--ready-fd", type=int, help="write the READY line here")
     parser.add_argument(
         "--no-worker-timeout-s",
         type=float,
@@ -240,6 +243,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 args.namespace,
                 host=args.host,
                 parent=args.parent,
+                ready_fd=args.ready_fd,
                 no_worker_timeout_s=args.no_worker_timeout_s,
             )
         )

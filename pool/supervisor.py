@@ -161,16 +161,22 @@ class Supervisor:
 
     async def _start(self, child: Child) -> None:
         """Start a child, wait for its READY line, and watch it from then on."""
-        process = await asyncio.create_subprocess_exec(
-            sys.executable,
-            *child.argv,
-            stdout=asyncio.subprocess.PIPE,
-            stdin=asyncio.subprocess.DEVNULL,
-            start_new_session=True,
-        )
+        ready_read, ready_write = os.pipe()
+        try:
+            process = await asyncio.create_subprocess_exec(
+                sys.executable,
+                *child.argv,
+                "--ready-fd",
+                str(ready_write),
+                stdin=asyncio.subprocess.DEVNULL,
+                pass_fds=(ready_write,),
+                start_new_session=True,
+            )
+        finally:
+            os.close(ready_write)
         child.process, child.started_at = process, time.monotonic()
         try:
-            child.ready = await _read_ready(process, child.name)
+            child.ready = await _read_ready(ready_read, process, child.name)
         except BaseException:
             await _kill(process)
             raise
@@ -231,18 +237,26 @@ class Supervisor:
                 self._registry_changed.clear()
 
 
-async def _read_ready(process: asyncio.subprocess.Process, name: str) -> dict[str, Any]:
-    assert process.stdout is not None
+async def _read_ready(
+    fd: int, process: asyncio.subprocess.Process, name: str
+) -> dict[str, Any]:
+    """The READY line a child writes to ``fd`` (which this closes)."""
+    loop = asyncio.get_running_loop()
+    reader = asyncio.StreamReader()
+    transport, _ = await loop.connect_read_pipe(
+        lambda: asyncio.StreamReaderProtocol(reader), os.fdopen(fd, "rb", 0)
+    )
     try:
         async with asyncio.timeout(START_TIMEOUT_S):
-            while raw := await process.stdout.readline():
-                text = raw.decode(errors="replace")
-                if text.startswith(READY_PREFIX):
-                    return json.loads(text[len(READY_PREFIX) :])  # type: ignore[no-any-return]
+            text = (await reader.readline()).decode(errors="replace")
     except TimeoutError:
         raise ChildFailed(
             f"{name} was not ready within {START_TIMEOUT_S:g} s"
         ) from None
+    finally:
+        transport.close()
+    if text.startswith(READY_PREFIX):
+        return json.loads(text[len(READY_PREFIX) :])  # type: ignore[no-any-return]
     code = await process.wait()
     raise ChildFailed(f"{name} exited before it was ready ({_describe_exit(code)})")
 

@@ -1,8 +1,8 @@
 """What every pool process does the same way: bind, say READY, wait to stop.
 
 Shared by the worker (:mod:`workers.process`) and the dispatcher
-(:mod:`pool.dispatcher`). A child tells its parent it serves by printing
-one ``READY {json}`` line on stdout (anyio's convention); it stops on
+(:mod:`pool.dispatcher`). A child tells its parent it serves by writing
+one ``READY {json}`` line (anyio's convention) to ``--ready-fd``; it stops on
 SIGTERM, SIGINT or its parent's death, seen at once through a pidfd.
 """
 
@@ -41,10 +41,22 @@ def bind(server: aio.Server, host: str | None, socket: Path) -> tuple[str, Path 
     return f"unix:{socket}", socket
 
 
-def announce_ready(**fields: Any) -> None:
-    """Tell the parent this process serves."""
-    sys.stdout.write(READY_PREFIX + json.dumps(fields) + "\n")
-    sys.stdout.flush()
+def announce_ready(ready_fd: int | None, **fields: Any) -> None:
+    """Tell the parent this process serves: one ``READY {json}`` line on
+    ``ready_fd`` (then closed), or on stdout when there is none.
+
+    A dedicated descriptor keeps stdout free for what tasks print: a parent
+    that stopped reading a stdout pipe would stall a chatty task.
+    """
+    line = (READY_PREFIX + json.dumps(fields) + "\n").encode()
+    if ready_fd is None:
+        sys.stdout.buffer.write(line)
+        sys.stdout.flush()
+        return
+    try:
+        os.write(ready_fd, line)
+    finally:
+        os.close(ready_fd)
 
 
 class Stopper:

@@ -2,7 +2,7 @@
 
 Starts a grpc.aio server on uvloop (a unix socket in the namespace's
 private directory, or ``HOST:0`` with ``--host``), publishes itself as
-``worker-added``, prints one ``READY {json}`` line on stdout for whoever
+``worker-added``, writes one ``READY {json}`` line (to ``--ready-fd``) for whoever
 started it, and serves until SIGTERM, SIGINT or the death of ``--parent``.
 Its ``capacity`` (what the dispatcher may send it at once) is
 ``concurrency x prefetch``: tasks past ``concurrency`` wait in the worker.
@@ -52,6 +52,7 @@ class Config:
     tags: frozenset[str]
     grace_s: float
     parent: int | None
+    ready_fd: int | None
 
 
 def parse_args(argv: Sequence[str] | None = None) -> Config:
@@ -88,6 +89,9 @@ def parse_args(argv: Sequence[str] | None = None) -> Config:
         help="on SIGTERM, how long to finish running tasks (default 30)",
     )
     parser.add_argument("--parent", type=int, help="exit when this pid dies")
+    parser.add_argument(
+        "--ready-fd", type=int, help="write the READY line here, not to stdout"
+    )
     args = parser.parse_args(argv)
     if args.concurrency < 1 or args.prefetch < 1:
         parser.error("--concurrency and --prefetch must be at least 1")
@@ -104,6 +108,7 @@ def parse_args(argv: Sequence[str] | None = None) -> Config:
         tags,
         args.grace_s,
         args.parent,
+        args.ready_fd,
     )
 
 
@@ -153,7 +158,7 @@ async def _serve(config: Config, stopper: lifecycle.Stopper) -> None:
         )
         async with Publisher(config.namespace) as publisher:
             await publisher.publish("worker-added", info)
-            lifecycle.announce_ready(uid=str(uid), address=address)
+            lifecycle.announce_ready(config.ready_fd, uid=str(uid), address=address)
             reporter = asyncio.create_task(_report(publisher, service, info, changed))
             try:
                 await stopper.wait()
