@@ -21,6 +21,7 @@ import discovery.subscriber as _sub
 from discovery import paths
 from discovery.errors import NamespaceInUse, NamespaceNotFound, RegistryCorrupt
 from discovery.info import WorkerInfo
+from discovery.notify import Notifier
 from discovery.registry import Registry, RegistryLock
 
 
@@ -205,7 +206,7 @@ def _alive(pid: int) -> bool:
 
 
 def _notify(namespace: str, generation: int) -> None:
-    notifier = _pub.Notifier(namespace)
+    notifier = Notifier(namespace)
     try:
         notifier.notify(generation)
     finally:

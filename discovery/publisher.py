@@ -3,18 +3,19 @@
 :class:`Publisher` is what a worker (or anything announcing workers) uses;
 it needs only the namespace string. It writes slots under the registry lock
 (see :mod:`discovery.registry`) and then wakes subscribers by writing to the
-namespace's notification file (:class:`Notifier`). A publisher drops, when
-it closes, every worker it added and did not drop, so a clean exit leaves
-nothing behind. It owns its lock descriptor, its notification descriptor
-and its mapping; nothing else.
+namespace's notification file (:class:`Notifier`). It holds each added
+worker's liveness lock (:mod:`discovery.liveness`) until the worker is
+dropped, so a killed publisher's workers are reaped by subscribers. It
+drops, when it closes, every worker it added and did not drop, so a clean
+exit leaves nothing behind. It owns its lock and notification descriptors,
+its liveness locks and its mapping; nothing else.
 """
 
 from __future__ import annotations
 
 import os
-import struct
 from types import TracebackType
-from typing import Final, Self, assert_never
+from typing import Self, assert_never
 from uuid import UUID
 
 from discovery import paths
@@ -27,32 +28,9 @@ from discovery.errors import (
     WorkerNotRegistered,
 )
 from discovery.info import EVENT_TYPES, EventType, WorkerInfo
+from discovery.liveness import Liveness, forget, pid_namespace
+from discovery.notify import Notifier
 from discovery.registry import LOCK_TIMEOUT_S, Registry, RegistryLock
-
-_GENERATION: Final = struct.Struct("<Q")
-
-
-class Notifier:
-    """Wakes a namespace's subscribers by writing its notification file.
-
-    A write (not a touch) so that inotify reports ``IN_MODIFY``: watchdog 7
-    reports a touch as an attribute change, which older handlers ignore.
-    """
-
-    def __init__(self, namespace: str) -> None:
-        path = paths.namespace_dir(namespace) / paths.NOTIFY_FILE
-        self._fd: int | None = paths.open_private_file(path, os.O_WRONLY)
-
-    def notify(self, generation: int) -> None:
-        """Announce that the registry reached ``generation``."""
-        if self._fd is not None:
-            os.pwrite(self._fd, _GENERATION.pack(generation), 0)
-
-    def close(self) -> None:
-        """Close the file. Never raises."""
-        if self._fd is not None:
-            os.close(self._fd)
-            self._fd = None
 
 
 class Publisher:
@@ -74,6 +52,7 @@ class Publisher:
         self._registry: Registry | None = None
         self._notifier: Notifier | None = None
         self._added: dict[UUID, int] = {}  # workers this publisher added -> slot
+        self._liveness: dict[UUID, Liveness] = {}
 
     @property
     def namespace(self) -> str:
@@ -148,23 +127,34 @@ class Publisher:
                 index = registry.find_free()
                 if index is None:
                     raise RegistryFull(self._namespace, registry.capacity)
-                registry.write_slot(index, uid, info.pid, data)
+                # Lock before the slot exists: a death from here on is seen.
+                self._liveness[uid] = Liveness.hold(self._namespace, uid)
+                registry.write_slot(index, uid, data, os.getpid(), pid_namespace())
                 self._added[uid] = index
             case "worker-updated":
                 if index is None:
                     raise WorkerNotRegistered(self._namespace, uid)
                 current = registry.read_slot(index)
-                if current is not None and current.data == data:
-                    return False
-                registry.write_slot(index, uid, info.pid, data)
+                if current is None or current.data == data:
+                    return False  # unchanged (None: never, under the lock)
+                registry.write_slot(index, uid, data, current.pid, current.pidns)
             case "worker-dropped":
                 if index is None:
                     raise WorkerNotRegistered(self._namespace, uid)
-                registry.write_slot(index, None, 0, b"")
+                registry.write_slot(index, None, b"")
                 self._added.pop(uid, None)
+                self._release(uid)
             case _:
                 assert_never(type)
         return True
+
+    def _release(self, uid: UUID) -> None:
+        """Let go of a dropped worker's liveness (or forget a dead one's)."""
+        held = self._liveness.pop(uid, None)
+        if held is not None:
+            held.release()
+        else:
+            forget(self._namespace, uid)
 
     async def aclose(self) -> None:
         """Drop the workers this publisher added and still holds; release all.
@@ -181,12 +171,14 @@ class Publisher:
                         for uid, hint in self._added.items():
                             index = registry.find(uid, hint)
                             if index is not None:
-                                registry.write_slot(index, None, 0, b"")
+                                registry.write_slot(index, None, b"")
                     generation = registry.generation
                 if notifier is not None:
                     notifier.notify(generation)
         finally:
             self._added.clear()
+            for uid in list(self._liveness):
+                self._release(uid)
             for resource in (registry, notifier, lock):
                 if resource is not None:
                     resource.close()

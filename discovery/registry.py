@@ -15,8 +15,9 @@ little-endian, every field 8-byte aligned::
     ring    R x 8  the slot changed at generation g, at index g % R,
                    packed (g << 24) | slot: a reader that is fewer than R
                    changes behind reads only the slots that changed
-    slots   capacity x (32 B + block)
-                   version, uid, pid, length, then the encoded WorkerInfo
+    slots   capacity x (40 B + block)
+                   version, uid, pid and pid namespace of the publishing
+                   process (see liveness.py), length, the encoded WorkerInfo
 
 Writers hold the exclusive lock file (portalocker, non-blocking attempts
 with capped back-off, bounded by a deadline). Readers take no lock: a slot
@@ -55,7 +56,7 @@ from discovery.errors import (
 log = logging.getLogger(__name__)
 
 MAGIC: Final = b"SHMPREG\x00"
-LAYOUT_VERSION: Final = 1
+LAYOUT_VERSION: Final = 2
 LOCK_TIMEOUT_S: Final = 30.0
 MAX_CAPACITY: Final = 1 << 24
 MAX_BLOCK_SIZE: Final = 1 << 20
@@ -67,8 +68,9 @@ _STATE_OFFSET: Final = 24
 _OWNER_OFFSET: Final = 28
 _U64: Final = struct.Struct("<Q")
 _U32: Final = struct.Struct("<I")
-_SLOT: Final = struct.Struct("<Q16sII")  # version, uid, pid, length
-_SLOT_BODY: Final = struct.Struct("<16sII")  # the slot after its version
+_SLOT: Final = struct.Struct("<Q16sIIQ")  # version, uid, pid, length, pid ns
+_SLOT_BODY: Final = struct.Struct("<16sIIQ")  # the slot after its version
+SLOT_HEADER_BYTES: Final = _SLOT.size
 _RING_GEN_MASK: Final = (1 << 40) - 1
 _RING_SLOT_MASK: Final = (1 << 24) - 1
 _NULL_UID: Final = bytes(16)
@@ -99,7 +101,8 @@ class SlotRead:
 
     version: int
     uid: UUID | None
-    pid: int
+    pid: int  # of the process that published the slot
+    pidns: int  # that process's pid namespace
     data: bytes | None
 
 
@@ -298,7 +301,7 @@ class Registry:
     def read_slot(self, index: int) -> SlotRead | None:
         """A consistent copy of a slot, or None while a write is under way."""
         view, offset = self._view, self._slots_at + index * self._stride
-        version, uid, pid, length = _SLOT.unpack_from(view, offset)
+        version, uid, pid, length, pidns = _SLOT.unpack_from(view, offset)
         if version & 1:
             return None
         data = None
@@ -308,7 +311,7 @@ class Registry:
         if _U64.unpack_from(view, offset)[0] != version:
             return None
         owner = None if uid == _NULL_UID else UUID(bytes=uid)
-        return SlotRead(version, owner, pid, data)
+        return SlotRead(version, owner, pid, pidns, data)
 
     # -- slots: writers (caller holds the lock) ----------------------------
 
@@ -328,7 +331,9 @@ class Registry:
                 return index
         return None
 
-    def write_slot(self, index: int, uid: UUID | None, pid: int, data: bytes) -> None:
+    def write_slot(
+        self, index: int, uid: UUID | None, data: bytes, pid: int = 0, pidns: int = 0
+    ) -> None:
         """Write a slot (``uid=None`` clears it) and announce the change."""
         if len(data) > self.block_size:
             raise ValueError(f"{len(data)} bytes do not fit a {self.block_size} block")
@@ -337,7 +342,7 @@ class Registry:
         version += 1 + (version & 1)  # odd: a write is under way
         _U64.pack_into(view, offset, version)
         raw_uid = _NULL_UID if uid is None else uid.bytes
-        _SLOT_BODY.pack_into(view, offset + 8, raw_uid, pid, len(data))
+        _SLOT_BODY.pack_into(view, offset + 8, raw_uid, pid, len(data), pidns)
         start = offset + _SLOT.size
         view[start : start + len(data)] = data
         _U64.pack_into(view, offset, version + 1)

@@ -33,6 +33,7 @@ from uuid import UUID
 from discovery import paths, watch
 from discovery.errors import NamespaceNotFound
 from discovery.info import DiscoveryEvent, WorkerInfo
+from discovery.liveness import PidWatch, Reaper
 from discovery.registry import Registry, SlotRead
 
 log = logging.getLogger(__name__)
@@ -119,6 +120,7 @@ class _Known:
     uid: UUID | None
     info: WorkerInfo | None  # None: the slot is empty or never decoded
     shown: bool  # reported to the consumer (passed the filter)
+    death: PidWatch | None = None  # None: its liveness is polled
 
 
 class _Follower:
@@ -136,10 +138,24 @@ class _Follower:
         self._generation = 0
         self._slots: dict[int, _Known] = {}
         self._pending: set[int] = set()  # slots caught mid-write
+        self._reaper: Reaper | None = None
+        self._suspects: dict[int, UUID] = {}  # slots whose publisher may be dead
+        self._poll_liveness = False
 
     def close(self) -> None:
         watch.unwatch(self._handle)
         self._handle = None
+        self._release()
+
+    def _release(self) -> None:
+        """Let go of the registry and everything watched in it."""
+        for known in self._slots.values():
+            if known.death is not None:
+                known.death.close()
+        self._slots, self._pending, self._suspects = {}, set(), {}
+        if self._reaper is not None:
+            self._reaper.close()
+            self._reaper = None
         if self._registry is not None:
             self._registry.close()
             self._registry = None
@@ -149,11 +165,36 @@ class _Follower:
         if self._registry is None:
             self._attach()
         if self._registry is not None:
+            await self._reap_suspects()
             events = self._scan()
             if events:
                 return events
         await self._wait()
         return []
+
+    def _on_death(self, index: int, uid: UUID) -> None:
+        """A publisher's pidfd fired: reap its worker on the next look."""
+        known = self._slots.get(index)
+        if known is not None and known.death is not None:
+            known.death.close()
+            known.death = None
+        self._suspects[index] = uid
+        self._wake.set()
+
+    async def _reap_suspects(self) -> None:
+        if self._poll_liveness:  # a poll tick: test the locks pidfds cannot watch
+            self._poll_liveness = False
+            for index, known in self._slots.items():
+                if known.uid is not None and known.death is None:
+                    self._suspects.setdefault(index, known.uid)
+        if not self._suspects:
+            return
+        assert self._registry is not None
+        if self._reaper is None:
+            self._reaper = Reaper(self._namespace, self._registry)
+        suspects, self._suspects = self._suspects, {}
+        for index, uid in suspects.items():
+            await self._reaper.reap(index, uid)
 
     def _on_change(self) -> None:  # observer thread
         self._loop.call_soon_threadsafe(self._wake.set)
@@ -163,7 +204,7 @@ class _Follower:
             async with asyncio.timeout(self._poll_s):
                 await self._wake.wait()
         except TimeoutError:
-            pass
+            self._poll_liveness = True
         self._wake.clear()
         self._stats.wakeups += 1
 
@@ -186,7 +227,7 @@ class _Follower:
             self._registry = Registry.attach(self._namespace)
         except NamespaceNotFound:
             return
-        self._generation, self._slots, self._pending = 0, {}, set()
+        self._generation = 0
 
     def _scan(self) -> list[DiscoveryEvent]:
         registry = self._registry
@@ -225,10 +266,7 @@ class _Follower:
             for known in self._slots.values()
             if known.shown and known.info is not None
         ]
-        if self._registry is not None:
-            self._registry.close()
-            self._registry = None
-        self._slots, self._pending = {}, set()
+        self._release()
         return events
 
     def _apply(self, reads: dict[int, SlotRead]) -> list[DiscoveryEvent]:
@@ -254,8 +292,28 @@ class _Follower:
                     others.append(DiscoveryEvent("worker-added", info))
                 elif known is not None and known.info != info:
                     others.append(DiscoveryEvent("worker-updated", info))
-            self._slots[index] = _Known(read.version, read.uid, info, shown)
+            self._slots[index] = self._track(index, read, known, info, shown)
         return drops + others
+
+    def _track(
+        self,
+        index: int,
+        read: SlotRead,
+        known: _Known | None,
+        info: WorkerInfo | None,
+        shown: bool,
+    ) -> _Known:
+        """The slot's new state, watching its publisher for death."""
+        death = known.death if known is not None else None
+        if known is None or known.uid != read.uid:
+            if death is not None:
+                death.close()
+                death = None
+            if (uid := read.uid) is not None:
+                death = PidWatch.open(
+                    read.pid, read.pidns, lambda: self._on_death(index, uid)
+                )
+        return _Known(read.version, read.uid, info, shown, death)
 
     def _decode(self, index: int, read: SlotRead) -> WorkerInfo | None:
         if read.uid is None:

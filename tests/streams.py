@@ -12,8 +12,8 @@ from contextlib import asynccontextmanager, contextmanager
 from typing import Any
 
 from discovery import DiscoveryEvent, Subscriber, WorkerInfo
-from discovery.publisher import Notifier
-from discovery.registry import Registry, RegistryLock
+from discovery.notify import Notifier
+from discovery.registry import SLOT_HEADER_BYTES, Registry, RegistryLock
 
 DEADLINE_S = 10.0
 
@@ -82,7 +82,7 @@ class RawWriter:
         self, index: int, uid: uuid.UUID, data: bytes, notify: bool = True
     ) -> None:
         with self.lock.hold():
-            self.registry.write_slot(index, uid, 1, data)
+            self.registry.write_slot(index, uid, data)
         if notify:
             self.notifier.notify(self.registry.generation)
 
@@ -95,7 +95,8 @@ class RawWriter:
         with self.lock.hold():
             version = registry.slot_version(index)
             struct.pack_into("<Q", registry._view, offset, version + 1)
-            registry._view[offset + 32 : offset + 40] = b"\xff" * 8
+            torn = offset + SLOT_HEADER_BYTES
+            registry._view[torn : torn + 8] = b"\xff" * 8
         self.notifier.notify(registry.generation)
 
     def close(self) -> None:

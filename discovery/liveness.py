@@ -1,0 +1,172 @@
+"""Is a registered worker's publisher still alive? Told at once, however it died.
+
+A killed process cannot drop its own workers, so each registration is tied
+to a liveness file, ``<namespace dir>/live-<uid>``, on which the publishing
+process holds an exclusive flock from before it writes the slot until after
+it clears it. The kernel releases the lock when the process dies, however
+it dies, before its death is announced; so "lock free" means "publisher
+gone" (pids are reused; a lock is not).
+
+Subscribers learn of a death at once through a pidfd on the publisher's pid
+(:class:`PidWatch`) when they share its pid namespace, and otherwise by
+testing the lock on each poll (:func:`is_alive`); the first to see a death
+clears the slot (:class:`Reaper`). Callers: the publisher (:class:`Liveness`)
+and the subscriber (the rest).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+from collections.abc import Callable
+from functools import cache
+from pathlib import Path
+from typing import Self
+from uuid import UUID
+
+import portalocker
+
+from discovery import paths
+from discovery.notify import Notifier
+from discovery.registry import Registry, RegistryLock
+
+_EXCLUSIVE_NOW = portalocker.LockFlags.EXCLUSIVE | portalocker.LockFlags.NON_BLOCKING
+
+
+def liveness_path(namespace: str, uid: UUID) -> Path:
+    """The liveness file of a worker."""
+    return paths.namespace_dir(namespace, create=False) / f"live-{uid.hex}"
+
+
+@cache
+def pid_namespace() -> int:
+    """This process's pid namespace (an inode number); 0 if unknown."""
+    try:
+        return os.stat("/proc/self/ns/pid").st_ino
+    except OSError:
+        return 0
+
+
+class Liveness:
+    """A publisher's hold on one worker's liveness lock."""
+
+    def __init__(self, path: Path, fd: int) -> None:
+        self._path, self._fd = path, fd
+
+    @classmethod
+    def hold(cls, namespace: str, uid: UUID) -> Self:
+        """Create the worker's liveness file and lock it for this process."""
+        path = liveness_path(namespace, uid)
+        fd = paths.open_private_file(path)
+        try:  # blocking: a subscriber's test holds it for microseconds at most
+            portalocker.lock(fd, portalocker.LockFlags.EXCLUSIVE)
+        except BaseException:
+            os.close(fd)
+            raise
+        return cls(path, fd)
+
+    def release(self) -> None:
+        """Remove the file and release the lock. Never raises."""
+        with contextlib.suppress(OSError):
+            os.unlink(self._path)
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
+
+
+def is_alive(namespace: str, uid: UUID) -> bool:
+    """True while some process holds the worker's liveness lock."""
+    try:
+        fd = os.open(
+            liveness_path(namespace, uid), os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC
+        )
+    except FileNotFoundError:
+        return False
+    try:
+        portalocker.lock(fd, _EXCLUSIVE_NOW)
+    except portalocker.AlreadyLocked:
+        return True
+    finally:
+        os.close(fd)  # closing releases the lock we may have taken
+    return False
+
+
+def forget(namespace: str, uid: UUID) -> None:
+    """Remove a dead worker's liveness file. Never raises."""
+    with contextlib.suppress(OSError):
+        os.unlink(liveness_path(namespace, uid))
+
+
+class PidWatch:
+    """Calls ``on_exit`` on the loop as soon as process ``pid`` exits.
+
+    :meth:`open` returns None where a pidfd cannot serve: another pid
+    namespace (a container sees its worker as pid 1) or an old kernel.
+    """
+
+    def __init__(self, fd: int, loop: asyncio.AbstractEventLoop) -> None:
+        self._fd, self._loop = fd, loop
+
+    @classmethod
+    def open(cls, pid: int, pidns: int, on_exit: Callable[[], None]) -> PidWatch | None:
+        if pid <= 0 or pidns != pid_namespace() or not hasattr(os, "pidfd_open"):
+            return None
+        loop = asyncio.get_running_loop()
+        try:
+            fd = os.pidfd_open(pid)
+        except ProcessLookupError:
+            loop.call_soon(on_exit)  # gone already
+            return None
+        except OSError:
+            return None
+        loop.add_reader(fd, on_exit)
+        return cls(fd, loop)
+
+    def close(self) -> None:
+        if self._fd >= 0:
+            self._loop.remove_reader(self._fd)
+            os.close(self._fd)
+            self._fd = -1
+
+
+class Reaper:
+    """Clears the slots of workers whose publisher died, for one subscriber.
+
+    Whoever sees a death first reaps the slot under the registry lock and
+    notifies; the others find the slot already cleared, so every subscriber
+    emits one ``worker-dropped``.
+    """
+
+    def __init__(self, namespace: str, registry: Registry) -> None:
+        self._namespace, self._registry = namespace, registry
+        self._lock: RegistryLock | None = None
+        self._notifier: Notifier | None = None
+
+    async def reap(self, index: int, uid: UUID) -> bool:
+        """Clear slot ``index`` if it still holds ``uid`` and its publisher
+        is dead; True if this call cleared it."""
+        if is_alive(self._namespace, uid):
+            return False
+        if self._lock is None:
+            self._lock = RegistryLock(self._namespace)
+        registry, reaped = self._registry, False
+        async with self._lock.hold_async():
+            read = registry.read_slot(index)
+            if not registry.closed and read is not None and read.uid == uid:
+                registry.write_slot(index, None, b"")
+                reaped = True
+            generation = registry.generation
+        forget(self._namespace, uid)
+        if reaped:
+            if self._notifier is None:
+                self._notifier = Notifier(self._namespace)
+            self._notifier.notify(generation)
+        return reaped
+
+    def close(self) -> None:
+        """Close the lock and notification files. Never raises."""
+        for resource in (self._lock, self._notifier):
+            if resource is not None:
+                resource.close()
+        self._lock = self._notifier = None
