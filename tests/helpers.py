@@ -53,6 +53,22 @@ class LineReader:
             if line.startswith(prefix):
                 return line
 
+    def wait_counts(
+        self, wanted: dict[str, int], timeout_s: float = DEADLINE_S
+    ) -> list[str]:
+        """Lines until, for each prefix, that many lines started with it."""
+        deadline = time.monotonic() + timeout_s
+        counts = dict.fromkeys(wanted, 0)
+        taken = []
+        while any(counts[p] < n for p, n in wanted.items()):
+            line = self.next(max(0.0, deadline - time.monotonic()))
+            if not line:
+                raise EOFError(f"output ended before {wanted}: {self.seen[-20:]}")
+            taken.append(line)
+            for prefix in wanted:
+                counts[prefix] += line.startswith(prefix)
+        return taken
+
 
 class Agent:
     """A child Python process that speaks JSON lines on stdin and stdout."""

@@ -77,6 +77,26 @@ def running_pool(namespace: str, *args: str) -> Iterator[RunningPool]:
                 stream.close()
 
 
+@contextmanager
+def watching(namespace: str) -> Iterator[LineReader]:
+    """The lines of a `pool watch` of the namespace, stopped on exit."""
+    watch = subprocess.Popen(
+        [sys.executable, "-m", "pool", "watch", "-n", namespace],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+        cwd=ROOT,
+        env=_env(),
+    )
+    try:
+        yield LineReader(watch.stdout)
+    finally:
+        watch.kill()
+        watch.wait()
+        assert watch.stdout is not None
+        watch.stdout.close()
+
+
 def processes_mentioning(text: str) -> list[int]:
     """Live processes whose command line contains ``text``."""
     found = []

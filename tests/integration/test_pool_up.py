@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import signal
-import subprocess
-import sys
 
 import grpc
 import pytest
@@ -15,8 +13,7 @@ from pool.client import locate
 from pool.dispatcher_pb2 import Submission, SubmissionBatch
 from pool.dispatcher_pb2_grpc import DispatcherStub
 from tests import sample_tasks
-from tests.helpers import ROOT, LineReader
-from tests.pools import pool_command, processes_mentioning, running_pool
+from tests.pools import pool_command, processes_mentioning, running_pool, watching
 from workers import auth
 from workers.worker_pb2 import Task, TaskBatch
 from workers.worker_pb2_grpc import WorkerStub
@@ -49,21 +46,8 @@ def test_pool_up_runs_tasks_and_every_command(namespace: str) -> None:
             line.startswith("worker pid=") and "status=ready" in line for line in lines
         )
 
-        watch = subprocess.Popen(
-            [sys.executable, "-m", "pool", "watch", "-n", namespace],
-            stdout=subprocess.PIPE, text=True, cwd=ROOT,
-        )  # fmt: skip
-        try:
-            reader = LineReader(watch.stdout)
-            for _ in range(8):
-                assert reader.wait_for("worker-added ", 30)
-            watch.send_signal(signal.SIGINT)
-            assert watch.wait(30) in (0, 130)
-        finally:
-            watch.kill()
-            watch.wait()
-            assert watch.stdout is not None
-            watch.stdout.close()
+        with watching(namespace) as watch:
+            watch.wait_counts({"worker-added ": 8}, 30)
 
         down = pool_command("down", "-n", namespace, timeout_s=90)
         assert down.returncode == 0, down.stderr

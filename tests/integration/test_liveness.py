@@ -1,0 +1,87 @@
+"""Killed publishers' workers are dropped at once, for every subscriber."""
+
+from __future__ import annotations
+
+import os
+import signal
+import uuid
+
+import pytest
+
+from discovery import LocalDiscovery, Subscriber, list_workers
+from discovery.liveness import liveness_path
+from tests.helpers import agent
+from tests.pools import pool_command, running_pool, watching
+from tests.streams import follow, next_event
+
+pytestmark = pytest.mark.integration
+
+
+async def test_sigkilled_publisher_without_supervisor_drops(namespace: str) -> None:
+    """A publisher process that no supervisor started is SIGKILLed: this
+    process's subscriber and another process's each see exactly one
+    worker-dropped per worker, carrying its last info, and the slots and
+    liveness files are gone."""
+    uids = [str(uuid.uuid4()) for _ in range(3)]
+    with LocalDiscovery(namespace):
+        async with follow(Subscriber(namespace, poll_interval=30)) as stream:
+            with (
+                agent("subscribe", namespace) as other,
+                agent("publish", namespace) as pub,
+            ):
+                other.expect("ready")
+                pub.expect("ready")
+                for uid in uids:
+                    pub.call(op="worker-added", uid=uid, status="ready")
+                pub.call(op="worker-updated", uid=uids[0], status="draining")
+                ours: dict[str, str] = {}  # latest status per uid, here and there
+                while len(ours) < 3 or ours[uids[0]] != "draining":
+                    event = await next_event(stream)
+                    ours[str(event.worker_info.uid)] = event.worker_info.status
+                theirs: dict[str, str] = {}
+                while len(theirs) < 3 or theirs[uids[0]] != "draining":
+                    event_json = other.expect("event")
+                    theirs[event_json["uid"]] = event_json["status"]
+                pub.kill()
+                drops = [await next_event(stream, 5) for _ in uids]
+                assert [e.type for e in drops] == ["worker-dropped"] * 3
+                assert {str(e.worker_info.uid) for e in drops} == set(uids)
+                last = {str(e.worker_info.uid): e.worker_info.status for e in drops}
+                assert last[uids[0]] == "draining"
+                their_drops = [other.expect("event", 5) for _ in uids]
+                assert {(e["type"], e["uid"]) for e in their_drops} == {
+                    ("worker-dropped", uid) for uid in uids
+                }
+                other.kill()
+        assert list_workers(namespace) == []
+        for uid in uids:
+            assert not liveness_path(namespace, uuid.UUID(uid)).exists()
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("kills", [1, 3, 4])
+def test_killed_workers_drop_and_are_replaced(namespace: str, kills: int) -> None:
+    """SIGKILL one, several, then all workers of `pool up`: every subscriber
+    (the supervisor's view and a `pool watch`) sees one worker-dropped per
+    killed worker, and each is replaced."""
+    with (
+        running_pool(namespace, "--workers", "4") as pool,
+        watching(namespace) as watch,
+    ):
+        watch.wait_counts({"worker-added ": 4}, 30)
+        victims = sorted(w.pid for w in list_workers(namespace))[:kills]
+        for pid in victims:
+            os.kill(pid, signal.SIGKILL)
+        for reader in (pool.lines, watch):
+            lines = reader.wait_counts({"worker-dropped ": kills}, 10)
+            drops = [line for line in lines if line.startswith("worker-dropped ")]
+            assert sorted(_pid(line) for line in drops) == victims
+        pool.lines.wait_counts({"worker-started ": kills, "worker-added ": kills}, 30)
+        after = {w.pid for w in list_workers(namespace)}
+        assert len(after) == 4 and not after & set(victims)
+        done = pool_command("submit", "-n", namespace, "tests.sample_tasks:square", "3")
+        assert done.stdout == "9\n"
+
+
+def _pid(line: str) -> int:
+    return int(line.split("pid=")[1].split()[0])
