@@ -182,7 +182,7 @@ async def serve(
     """Serve the namespace's clients until told to stop."""
     stopper = lifecycle.Stopper(parent)
     token = auth.read_token(namespace)
-    router = Router(token, no_worker_timeout_s=no_worker_timeout_s)
+    router = Router(namespace, token, no_worker_timeout_s=no_worker_timeout_s)
     server = aio.server(
         interceptors=[auth.TokenInterceptor(token)], options=lifecycle.GRPC_OPTIONS
     )

@@ -29,6 +29,7 @@ import grpc
 from grpc import aio
 
 from discovery import DiscoveryEvent, WorkerInfo
+from discovery.liveness import is_alive
 from pool.errors import NoWorkerAvailable, WorkerLost
 from workers import auth, tasks
 from workers.lifecycle import GRPC_OPTIONS
@@ -64,6 +65,7 @@ class WorkerLink:
         self.info = info
         self.in_flight: dict[int, Job] = {}
         self.done = 0
+        self.connected = False  # the stream reached the worker
         self.broken = False
         self._router = router
         self._outbox: list[Task] = []
@@ -84,13 +86,14 @@ class WorkerLink:
 
     @property
     def ready(self) -> bool:
-        return self.info.status == "ready" and not self.broken
+        """Takes tasks: connected, not broken, and not draining."""
+        return self.connected and not self.broken and self.info.status == "ready"
 
     def describe(self) -> str:
         return f"worker pid {self.info.pid} ({str(self.info.uid)[:8]})"
 
     def send(self, job: Job) -> None:
-        job.link = job.link or self
+        job.link = self
         self.in_flight[job.task.id] = job
         self._outbox.append(job.task)
         self._wake.set()
@@ -100,6 +103,12 @@ class WorkerLink:
         self._wake.set()
 
     async def _send(self) -> None:
+        try:
+            await self._call.wait_for_connection()
+        except aio.AioRpcError:
+            return  # _receive reports it
+        self.connected = True
+        self._router.pump()
         while True:
             await self._wake.wait()
             self._wake.clear()
@@ -139,11 +148,13 @@ class Router:
 
     def __init__(
         self,
+        namespace: str,
         token: str,
         *,
         no_worker_timeout_s: float = NO_WORKER_TIMEOUT_S,
         max_attempts: int = MAX_ATTEMPTS,
     ) -> None:
+        self._namespace = namespace
         self._token = token
         self._no_worker_timeout_s = no_worker_timeout_s
         self._max_attempts = max_attempts
@@ -173,9 +184,10 @@ class Router:
 
     def on_lost(self, link: WorkerLink) -> None:
         """A link's stream ended: its tasks go elsewhere; reconnect if the
-        worker is still registered (a clean drop removes it first)."""
+        worker is still registered and alive (its drop is coming otherwise)."""
         self._requeue(link)
-        if self.links.get(link.info.uid) is link:
+        alive = is_alive(self._namespace, link.info.uid)
+        if alive and self.links.get(link.info.uid) is link:
             asyncio.get_running_loop().call_later(
                 RECONNECT_DELAY_S, self._reconnect, link
             )

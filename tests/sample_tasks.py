@@ -35,3 +35,14 @@ def pid_after(seconds: float) -> int:
 
 
 NOT_CALLABLE = 42
+
+
+def work(x: int) -> int:
+    """A few milliseconds of work."""
+    time.sleep(0.003)
+    return x * x
+
+
+def die() -> None:
+    """Kill the worker that runs it (a poison task)."""
+    os._exit(3)
