@@ -134,8 +134,9 @@ class Reaper:
     """Clears the slots of workers whose publisher died, for one subscriber.
 
     Whoever sees a death first reaps the slot under the registry lock and
-    notifies; the others find the slot already cleared, so every subscriber
-    emits one ``worker-dropped``.
+    notifies; the others find the slot already cleared (or the lock busy,
+    and look again when notified), so every subscriber emits one
+    ``worker-dropped``. It never waits for the lock.
     """
 
     def __init__(self, namespace: str, registry: Registry) -> None:
@@ -143,19 +144,29 @@ class Reaper:
         self._lock: RegistryLock | None = None
         self._notifier: Notifier | None = None
 
-    async def reap(self, index: int, uid: UUID) -> bool:
+    def reap(self, index: int, uid: UUID) -> bool | None:
         """Clear slot ``index`` if it still holds ``uid`` and its publisher
-        is dead; True if this call cleared it."""
+        is dead.
+
+        :returns: True if this call cleared it, False if there is nothing to
+            clear, None if the registry lock is busy (most often another
+            subscriber reaping the same death): look again on the next wake.
+        """
+        registry = self._registry
+        read = registry.read_slot(index)
+        if read is not None and read.uid != uid:
+            return False  # reaped (or reused) already
         if is_alive(self._namespace, uid):
             return False
         if self._lock is None:
             self._lock = RegistryLock(self._namespace)
-        registry, reaped = self._registry, False
-        async with self._lock.hold_async():
+        with self._lock.hold_if_free() as held:
+            if not held:
+                return None
             read = registry.read_slot(index)
-            if not registry.closed and read is not None and read.uid == uid:
+            reaped = not registry.closed and read is not None and read.uid == uid
+            if reaped:
                 registry.write_slot(index, None, b"")
-                reaped = True
             generation = registry.generation
         forget(self._namespace, uid)
         if reaped:

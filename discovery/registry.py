@@ -422,6 +422,16 @@ class RegistryLock:
         raise LockTimeout(self.namespace, self.timeout_s)
 
     @contextmanager
+    def hold_if_free(self) -> Iterator[bool]:
+        """Hold the lock if no one else does; yields whether it is held."""
+        held = self._try()
+        try:
+            yield held
+        finally:
+            if held:
+                self._release()
+
+    @contextmanager
     def hold(self) -> Iterator[None]:
         """Hold the lock, waiting (blocking this thread) up to ``timeout_s``."""
         if not self._try():

@@ -165,7 +165,7 @@ class _Follower:
         if self._registry is None:
             self._attach()
         if self._registry is not None:
-            await self._reap_suspects()
+            self._reap_suspects()
             events = self._scan()
             if events:
                 return events
@@ -181,7 +181,7 @@ class _Follower:
         self._suspects[index] = uid
         self._wake.set()
 
-    async def _reap_suspects(self) -> None:
+    def _reap_suspects(self) -> None:
         if self._poll_liveness:  # a poll tick: test the locks pidfds cannot watch
             self._poll_liveness = False
             for index, known in self._slots.items():
@@ -194,7 +194,8 @@ class _Follower:
             self._reaper = Reaper(self._namespace, self._registry)
         suspects, self._suspects = self._suspects, {}
         for index, uid in suspects.items():
-            await self._reaper.reap(index, uid)
+            if self._reaper.reap(index, uid) is None:  # the lock was busy
+                self._suspects[index] = uid
 
     def _on_change(self) -> None:  # observer thread
         self._loop.call_soon_threadsafe(self._wake.set)

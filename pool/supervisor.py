@@ -37,7 +37,6 @@ from workers.lifecycle import READY_PREFIX
 OWNER_FILE: Final = "owner"
 START_TIMEOUT_S: Final = 30.0
 BACKOFF_S: Final = (0.1, 10.0)  # first delay, cap
-HEALTHY_AFTER_S: Final = 10.0  # a worker that lived this long resets its back-off
 
 
 class ChildFailed(PoolError):
@@ -161,6 +160,7 @@ class Supervisor:
 
     async def _start(self, child: Child) -> None:
         """Start a child, wait for its READY line, and watch it from then on."""
+        child.ready = {}
         ready_read, ready_write = os.pipe()
         try:
             process = await asyncio.create_subprocess_exec(
@@ -194,10 +194,12 @@ class Supervisor:
         )
         if self._stopping or not self.options.restart:
             return
-        lived = time.monotonic() - child.started_at
-        child.failures = 0 if lived >= HEALTHY_AFTER_S else child.failures + 1
-        first, cap = BACKOFF_S
-        await asyncio.sleep(min(cap, first * 2 ** max(child.failures - 1, 0)))
+        # Back off only for a child that dies before it is ready: one killed
+        # after it served is replaced at once.
+        child.failures = 0 if child.ready else child.failures + 1
+        if child.failures:
+            first, cap = BACKOFF_S
+            await asyncio.sleep(min(cap, first * 2 ** (child.failures - 1)))
         if self._stopping:
             return
         try:

@@ -57,6 +57,18 @@ class RunningPool:
             self.proc.send_signal(signum)
         return self.proc.wait(timeout_s)
 
+    def close(self) -> None:
+        """Stop it (killing it if it will not stop) and close its pipes."""
+        if self.proc.poll() is None:
+            try:
+                self.stop()
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        for stream in (self.proc.stdout, self.proc.stderr):
+            if stream is not None:
+                stream.close()
+
 
 @contextmanager
 def running_pool(namespace: str, *args: str) -> Iterator[RunningPool]:
@@ -66,15 +78,7 @@ def running_pool(namespace: str, *args: str) -> Iterator[RunningPool]:
         pool.wait_for("ready ")
         yield pool
     finally:
-        if pool.proc.poll() is None:
-            try:
-                pool.stop()
-            except subprocess.TimeoutExpired:
-                pool.proc.kill()
-                pool.proc.wait()
-        for stream in (pool.proc.stdout, pool.proc.stderr):
-            if stream is not None:
-                stream.close()
+        pool.close()
 
 
 @contextmanager

@@ -9,9 +9,11 @@ import threading
 
 import pytest
 
-from discovery import list_workers
-from pool import Pool, WorkerLost
+from discovery import list_workers, paths
+from pool import Client, Pool, WorkerLost
 from tests import sample_tasks
+from tests.helpers import wait_until
+from tests.pools import RunningPool, processes_mentioning, running_pool
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
 
@@ -55,3 +57,26 @@ def test_poison_task_fails_after_max_attempts() -> None:
         assert len(lost.value.workers) == 3
         assert all(w.startswith("worker pid ") for w in lost.value.workers)
         assert client.submit(sample_tasks.square, 6).result(timeout=60) == 36
+
+
+def test_sigkilled_supervisor_leaves_nothing_running_and_is_replaced(
+    namespace: str,
+) -> None:
+    """SIGKILL the supervisor: its workers and dispatcher exit by themselves
+    within seconds; a new `pool up` on the namespace reclaims what the dead
+    pool left, serves, and leaves nothing when it stops."""
+    first = RunningPool(namespace, "--workers", "2")
+    try:
+        first.wait_for("ready ")
+        children = [p for p in processes_mentioning(namespace) if p != first.proc.pid]
+        assert len(children) == 3  # a dispatcher and two workers
+        os.kill(first.proc.pid, signal.SIGKILL)
+        first.proc.wait(10)
+        wait_until(lambda: processes_mentioning(namespace) == [], 10)
+        assert (paths.SHM_DIR / paths.segment_name(namespace)).exists()  # stale
+    finally:
+        first.close()
+    with running_pool(namespace, "--workers", "2"), Client(namespace) as client:
+        assert client.submit(sample_tasks.square, 7).result(timeout=30) == 49
+    assert not (paths.SHM_DIR / paths.segment_name(namespace)).exists()
+    assert not paths.namespace_dir(namespace, create=False).exists()
