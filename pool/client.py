@@ -35,9 +35,11 @@ from pool.dispatcher_pb2 import Submission, SubmissionBatch
 from pool.errors import PoolNotRunning
 from workers import auth, tasks
 from workers.lifecycle import GRPC_OPTIONS
-from workers.worker_pb2 import Result, Task
+from workers.worker_pb2 import Failure, Result, Task
 
 ADDRESS_FILE = "address"
+RECONNECT_S = 30.0  # how long a client waits for a restarted dispatcher
+RECONNECT_FIRST_S = 0.05
 
 OnResult = Callable[[Result], None]
 
@@ -63,76 +65,140 @@ def outcome(result: Result) -> Any:
 
 
 class Connection:
-    """One SubmitStream to a dispatcher, bound to the loop that made it."""
+    """The stream of tasks to a pool's dispatcher, bound to the loop that made it.
 
-    def __init__(self, namespace: str) -> None:
-        address, token = locate(namespace)
+    If the dispatcher goes away (the supervisor restarts one that died), it
+    reconnects, with back-off, for up to ``reconnect_s``, and sends again
+    every task still unanswered: the new dispatcher never saw them (so a
+    task may run twice; see the module docstring). Past that, those tasks
+    fail with :class:`PoolNotRunning`.
+
+    :raises PoolNotRunning: if no pool serves the namespace now.
+    """
+
+    def __init__(self, namespace: str, *, reconnect_s: float = RECONNECT_S) -> None:
+        locate(namespace)  # fail now, clearly, if there is no pool at all
         self.namespace = namespace
-        self._channel = aio.insecure_channel(address, options=GRPC_OPTIONS)
-        stub = dispatcher_pb2_grpc.DispatcherStub(self._channel)  # type: ignore[no-untyped-call]
-        self._call = stub.SubmitStream(metadata=auth.call_metadata(token))
-        self._waiters: dict[int, OnResult] = {}
+        self._reconnect_s = reconnect_s
+        self._pending: dict[int, tuple[Submission, OnResult]] = {}
         self._outgoing: list[Submission] = []
         self._cancels: list[int] = []
+        self._cancelled: set[int] = set()
         self._wake = asyncio.Event()
-        self._broken: BaseException | None = None
-        self._io = [
-            asyncio.create_task(self._send()),
-            asyncio.create_task(self._receive()),
-        ]
+        self._closing = False
+        self._refused: PoolNotRunning | None = None
+        self._runner = asyncio.create_task(self._run())
 
     def submit(self, submission: Submission, on_result: OnResult) -> None:
-        if self._broken is not None:
-            raise self._broken
-        self._waiters[submission.task.id] = on_result
+        if self._refused is not None:
+            raise self._refused
+        self._pending[submission.task.id] = (submission, on_result)
         self._outgoing.append(submission)
         self._wake.set()
 
     def cancel(self, task_id: int) -> None:
-        if task_id in self._waiters:
+        if task_id in self._pending:
+            self._cancelled.add(task_id)
             self._cancels.append(task_id)
             self._wake.set()
 
-    async def _send(self) -> None:
+    async def _run(self) -> None:
+        """Keep a stream open while there is work; reconnect when it breaks."""
+        lost_at: float | None = None
+        delay = RECONNECT_FIRST_S
+        while not self._closing:
+            if not self._pending and not self._outgoing:
+                await self._wake.wait()  # connect (again) only for work
+                continue
+            reason, served = await self._stream()
+            if self._closing or self._refused is not None:
+                return
+            if served:
+                lost_at, delay = None, RECONNECT_FIRST_S
+            self._resend_pending()
+            lost_at = lost_at or time.monotonic()
+            if time.monotonic() - lost_at >= self._reconnect_s:
+                self._fail_all(PoolNotRunning(self.namespace, reason))
+                lost_at = None
+                continue
+            await asyncio.sleep(delay)  # back-off between attempts to reconnect
+            delay = min(delay * 2, 1.0)
+
+    async def _stream(self) -> tuple[str, bool]:
+        """Serve one stream until it ends: why it ended, and whether it got
+        as far as the dispatcher."""
+        try:
+            address, token = locate(self.namespace)
+        except PoolNotRunning as exc:
+            return exc.detail or "its address is gone", False
+        channel = aio.insecure_channel(address, options=GRPC_OPTIONS)
+        stub = dispatcher_pb2_grpc.DispatcherStub(channel)  # type: ignore[no-untyped-call]
+        call = stub.SubmitStream(metadata=auth.call_metadata(token))
+        sender = asyncio.create_task(self._send(call))
+        if self._outgoing:
+            self._wake.set()
+        served = False
+        try:
+            await call.wait_for_connection()
+            served = True
+            async for batch in call:
+                for result in batch.results:
+                    if (entry := self._pending.pop(result.id, None)) is not None:
+                        self._cancelled.discard(result.id)
+                        entry[1](result)
+            return "the dispatcher ended the stream", served
+        except aio.AioRpcError as exc:
+            if exc.code() == grpc.StatusCode.UNAUTHENTICATED:
+                detail = f"the pool refused our token ({exc.details()})"
+                self._refused = PoolNotRunning(self.namespace, detail)
+                self._fail_all(self._refused)
+            return f"{exc.code().name}: {exc.details()}", served
+        finally:
+            sender.cancel()
+            call.cancel()
+            await channel.close()
+
+    async def _send(self, call: Any) -> None:
         while True:
             await self._wake.wait()
             self._wake.clear()
             batch = SubmissionBatch(submissions=self._outgoing, cancel=self._cancels)
             self._outgoing, self._cancels = [], []
             try:
-                await self._call.write(batch)
+                await call.write(batch)
             except (aio.AioRpcError, aio.UsageError, asyncio.InvalidStateError):
-                return  # _receive reports the broken stream
+                return  # _stream sees the stream end and sends them again
 
-    async def _receive(self) -> None:
-        try:
-            async for batch in self._call:
-                for result in batch.results:
-                    if (on_result := self._waiters.pop(result.id, None)) is not None:
-                        on_result(result)
-        except aio.AioRpcError as exc:
-            detail = f"{exc.code().name}: {exc.details()}"
-            if exc.code() == grpc.StatusCode.UNAUTHENTICATED:
-                detail = f"the pool refused our token ({exc.details()})"
-            self._broken = PoolNotRunning(self.namespace, detail)
-        finally:
-            self._broken = self._broken or PoolNotRunning(self.namespace, "closed")
-            waiters, self._waiters = self._waiters, {}
-            for task_id, on_result in waiters.items():
-                failure = tasks.failure_of(self._broken, remote=False)
-                on_result(Result(id=task_id, failure=failure))
+    def _resend_pending(self) -> None:
+        """After a lost stream: every unanswered task goes out again, but
+        those cancelled meanwhile are answered here."""
+        cancelled = Failure(
+            type="asyncio.CancelledError",
+            message="the task was cancelled",
+            code=Failure.CANCELLED,
+        )
+        for task_id in self._cancelled & self._pending.keys():
+            _, on_result = self._pending.pop(task_id)
+            on_result(Result(id=task_id, failure=cancelled))
+        self._cancelled.clear()
+        self._outgoing = [submission for submission, _ in self._pending.values()]
+        self._cancels = []
+
+    def _fail_all(self, error: PoolNotRunning) -> None:
+        pending, self._pending = self._pending, {}
+        self._outgoing, self._cancels = [], []
+        failure = tasks.failure_of(error, remote=False)
+        for task_id, (_, on_result) in pending.items():
+            on_result(Result(id=task_id, failure=failure))
 
     async def aclose(self) -> None:
-        """Close the stream and channel. Never raises."""
-        with contextlib.suppress(Exception):
-            await self._call.done_writing()
-        self._call.cancel()
-        for io in self._io:
-            io.cancel()
-        for io in self._io:
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await io
-        await self._channel.close()
+        """Close the stream; fail what is still pending. Never raises."""
+        self._closing = True
+        self._wake.set()
+        self._runner.cancel()
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            await self._runner
+        self._fail_all(PoolNotRunning(self.namespace, "the client was closed"))
 
 
 def make_task(

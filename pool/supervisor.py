@@ -139,10 +139,8 @@ class Supervisor:
                 str(opts.no_worker_timeout_s),
             ],
         )
-        await self._start(dispatcher)
         self._dispatcher = dispatcher
-        self.address = dispatcher.ready["address"]
-        _write_private(opts.namespace, ADDRESS_FILE, self.address)
+        await self._start(dispatcher)
         worker_argv = [
             "-m",
             "workers",
@@ -180,6 +178,9 @@ class Supervisor:
         except BaseException:
             await _kill(process)
             raise
+        if child is self._dispatcher:  # a restarted one may listen elsewhere
+            self.address = child.ready["address"]
+            _write_private(self.options.namespace, ADDRESS_FILE, self.address)
         self.view.note(f"{child.name.split('-')[0]}-started", pid=process.pid)
         watcher = asyncio.create_task(self._watch(child))
         self._watchers.add(watcher)

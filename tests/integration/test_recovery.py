@@ -80,3 +80,20 @@ def test_sigkilled_supervisor_leaves_nothing_running_and_is_replaced(
         assert client.submit(sample_tasks.square, 7).result(timeout=30) == 49
     assert not (paths.SHM_DIR / paths.segment_name(namespace)).exists()
     assert not paths.namespace_dir(namespace, create=False).exists()
+
+
+def test_dispatcher_killed_midway_is_restarted_and_clients_reconnect(
+    namespace: str,
+) -> None:
+    """SIGKILL the dispatcher while a client's map runs: the supervisor
+    restarts it, the client reconnects and sends its unanswered tasks again,
+    and every result arrives, right and in order."""
+    with running_pool(namespace, "--workers", "3") as pool, Client(namespace) as client:
+        started = [s for s in pool.lines.seen if s.startswith("dispatcher-started ")]
+        dispatcher = int(started[0].split("pid=")[1])
+        results = client.map(sample_tasks.work, range(600), timeout=120)
+        first = next(results)
+        os.kill(dispatcher, signal.SIGKILL)
+        assert [first, *results] == [x * x for x in range(600)]
+        pool.lines.wait_counts({"dispatcher-exited ": 1, "dispatcher-started ": 1}, 30)
+        assert client.submit(sample_tasks.square, 5).result(timeout=30) == 25
