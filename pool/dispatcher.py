@@ -30,6 +30,8 @@ from pool.dispatcher_pb2 import (
     SubmissionBatch,
     WatchEvent,
     WatchRequest,
+    WorkerExit,
+    WorkerExitReply,
     WorkerState,
 )
 from pool.routing import NO_WORKER_TIMEOUT_S, Deliver, Job, Router
@@ -160,6 +162,14 @@ class DispatcherService(dispatcher_pb2_grpc.DispatcherServicer):
                 yield WatchEvent(type=event.type, info=event.worker_info.to_protobuf())
         finally:
             self._router.watchers.discard(events)
+
+    async def ReportExit(
+        self,
+        request: WorkerExit,
+        context: aio.ServicerContext[WorkerExit, WorkerExitReply],
+    ) -> WorkerExitReply:
+        self._router.record_exit(request.pid, request.status)
+        return WorkerExitReply()
 
 
 def _reused(client_id: int) -> Result:

@@ -26,7 +26,7 @@ from discovery import worker_info_pb2 as discovery_dot_worker__info__pb2
 from workers import worker_pb2 as workers_dot_worker__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x15pool/dispatcher.proto\x12\x0cshmpool.pool\x1a\x1b\x64iscovery/worker_info.proto\x1a\x14workers/worker.proto\"?\n\nSubmission\x12#\n\x04task\x18\x01 \x01(\x0b\x32\x15.shmpool.workers.Task\x12\x0c\n\x04tags\x18\x02 \x03(\t\"P\n\x0fSubmissionBatch\x12-\n\x0bsubmissions\x18\x01 \x03(\x0b\x32\x18.shmpool.pool.Submission\x12\x0e\n\x06\x63\x61ncel\x18\x02 \x03(\x04\"\x14\n\x12ListWorkersRequest\"[\n\x0bWorkerState\x12+\n\x04info\x18\x01 \x01(\x0b\x32\x1d.shmpool.discovery.WorkerInfo\x12\x11\n\tin_flight\x18\x02 \x01(\r\x12\x0c\n\x04\x64one\x18\x03 \x01(\x04\"N\n\x10ListWorkersReply\x12*\n\x07workers\x18\x01 \x03(\x0b\x32\x19.shmpool.pool.WorkerState\x12\x0e\n\x06queued\x18\x02 \x01(\r\"\x0e\n\x0cWatchRequest\"G\n\nWatchEvent\x12\x0c\n\x04type\x18\x01 \x01(\t\x12+\n\x04info\x18\x02 \x01(\x0b\x32\x1d.shmpool.discovery.WorkerInfo2\xac\x02\n\nDispatcher\x12;\n\x06Submit\x12\x18.shmpool.pool.Submission\x1a\x17.shmpool.workers.Result\x12O\n\x0cSubmitStream\x12\x1d.shmpool.pool.SubmissionBatch\x1a\x1c.shmpool.workers.ResultBatch(\x01\x30\x01\x12O\n\x0bListWorkers\x12 .shmpool.pool.ListWorkersRequest\x1a\x1e.shmpool.pool.ListWorkersReply\x12?\n\x05Watch\x12\x1a.shmpool.pool.WatchRequest\x1a\x18.shmpool.pool.WatchEvent0\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x15pool/dispatcher.proto\x12\x0cshmpool.pool\x1a\x1b\x64iscovery/worker_info.proto\x1a\x14workers/worker.proto\"?\n\nSubmission\x12#\n\x04task\x18\x01 \x01(\x0b\x32\x15.shmpool.workers.Task\x12\x0c\n\x04tags\x18\x02 \x03(\t\"P\n\x0fSubmissionBatch\x12-\n\x0bsubmissions\x18\x01 \x03(\x0b\x32\x18.shmpool.pool.Submission\x12\x0e\n\x06\x63\x61ncel\x18\x02 \x03(\x04\"\x14\n\x12ListWorkersRequest\"[\n\x0bWorkerState\x12+\n\x04info\x18\x01 \x01(\x0b\x32\x1d.shmpool.discovery.WorkerInfo\x12\x11\n\tin_flight\x18\x02 \x01(\r\x12\x0c\n\x04\x64one\x18\x03 \x01(\x04\"N\n\x10ListWorkersReply\x12*\n\x07workers\x18\x01 \x03(\x0b\x32\x19.shmpool.pool.WorkerState\x12\x0e\n\x06queued\x18\x02 \x01(\r\"\x0e\n\x0cWatchRequest\"G\n\nWatchEvent\x12\x0c\n\x04type\x18\x01 \x01(\t\x12+\n\x04info\x18\x02 \x01(\x0b\x32\x1d.shmpool.discovery.WorkerInfo\")\n\nWorkerExit\x12\x0b\n\x03pid\x18\x01 \x01(\x03\x12\x0e\n\x06status\x18\x02 \x01(\t\"\x11\n\x0fWorkerExitReply2\xf3\x02\n\nDispatcher\x12;\n\x06Submit\x12\x18.shmpool.pool.Submission\x1a\x17.shmpool.workers.Result\x12O\n\x0cSubmitStream\x12\x1d.shmpool.pool.SubmissionBatch\x1a\x1c.shmpool.workers.ResultBatch(\x01\x30\x01\x12O\n\x0bListWorkers\x12 .shmpool.pool.ListWorkersRequest\x1a\x1e.shmpool.pool.ListWorkersReply\x12?\n\x05Watch\x12\x1a.shmpool.pool.WatchRequest\x1a\x18.shmpool.pool.WatchEvent0\x01\x12\x45\n\nReportExit\x12\x18.shmpool.pool.WorkerExit\x1a\x1d.shmpool.pool.WorkerExitReplyb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -47,6 +47,10 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_WATCHREQUEST']._serialized_end=446
   _globals['_WATCHEVENT']._serialized_start=448
   _globals['_WATCHEVENT']._serialized_end=519
-  _globals['_DISPATCHER']._serialized_start=522
-  _globals['_DISPATCHER']._serialized_end=822
+  _globals['_WORKEREXIT']._serialized_start=521
+  _globals['_WORKEREXIT']._serialized_end=562
+  _globals['_WORKEREXITREPLY']._serialized_start=564
+  _globals['_WORKEREXITREPLY']._serialized_end=581
+  _globals['_DISPATCHER']._serialized_start=584
+  _globals['_DISPATCHER']._serialized_end=955
 # @@protoc_insertion_point(module_scope)

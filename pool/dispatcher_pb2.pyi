@@ -57,3 +57,15 @@ class WatchEvent(_message.Message):
     type: str
     info: _worker_info_pb2.WorkerInfo
     def __init__(self, type: _Optional[str] = ..., info: _Optional[_Union[_worker_info_pb2.WorkerInfo, _Mapping]] = ...) -> None: ...
+
+class WorkerExit(_message.Message):
+    __slots__ = ("pid", "status")
+    PID_FIELD_NUMBER: _ClassVar[int]
+    STATUS_FIELD_NUMBER: _ClassVar[int]
+    pid: int
+    status: str
+    def __init__(self, pid: _Optional[int] = ..., status: _Optional[str] = ...) -> None: ...
+
+class WorkerExitReply(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...

@@ -55,6 +55,11 @@ class DispatcherStub:
                 request_serializer=pool_dot_dispatcher__pb2.WatchRequest.SerializeToString,
                 response_deserializer=pool_dot_dispatcher__pb2.WatchEvent.FromString,
                 _registered_method=True)
+        self.ReportExit = channel.unary_unary(
+                '/shmpool.pool.Dispatcher/ReportExit',
+                request_serializer=pool_dot_dispatcher__pb2.WorkerExit.SerializeToString,
+                response_deserializer=pool_dot_dispatcher__pb2.WorkerExitReply.FromString,
+                _registered_method=True)
 
 
 class DispatcherServicer:
@@ -84,6 +89,12 @@ class DispatcherServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ReportExit(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_DispatcherServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -106,6 +117,11 @@ def add_DispatcherServicer_to_server(servicer, server):
                     servicer.Watch,
                     request_deserializer=pool_dot_dispatcher__pb2.WatchRequest.FromString,
                     response_serializer=pool_dot_dispatcher__pb2.WatchEvent.SerializeToString,
+            ),
+            'ReportExit': grpc.unary_unary_rpc_method_handler(
+                    servicer.ReportExit,
+                    request_deserializer=pool_dot_dispatcher__pb2.WorkerExit.FromString,
+                    response_serializer=pool_dot_dispatcher__pb2.WorkerExitReply.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -216,6 +232,33 @@ class Dispatcher:
             '/shmpool.pool.Dispatcher/Watch',
             pool_dot_dispatcher__pb2.WatchRequest.SerializeToString,
             pool_dot_dispatcher__pb2.WatchEvent.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ReportExit(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/shmpool.pool.Dispatcher/ReportExit',
+            pool_dot_dispatcher__pb2.WorkerExit.SerializeToString,
+            pool_dot_dispatcher__pb2.WorkerExitReply.FromString,
             options,
             channel_credentials,
             insecure,

@@ -41,6 +41,8 @@ log = logging.getLogger(__name__)
 NO_WORKER_TIMEOUT_S: Final = 30.0
 MAX_ATTEMPTS: Final = 3
 RECONNECT_DELAY_S: Final = 0.5
+EXIT_REPORT_WAIT_S: Final = 1.0
+EXITS_KEPT: Final = 1024
 
 Deliver = Callable[[Result], None]
 
@@ -53,7 +55,7 @@ class Job:
     tags: frozenset[str]
     deliver: Deliver
     attempts: int = 0
-    lost_on: list[str] = field(default_factory=list)
+    lost_on: list[WorkerInfo] = field(default_factory=list)
     unplaceable_since: float | None = None
     link: WorkerLink | None = None
 
@@ -163,6 +165,8 @@ class Router:
         self.queue: deque[Job] = deque()
         self.watchers: set[asyncio.Queue[DiscoveryEvent]] = set()
         self._closing: set[asyncio.Task[None]] = set()
+        self._exits: dict[int, str] = {}  # pid -> how it ended, newest last
+        self._exit_waiters: dict[int, asyncio.Event] = {}
 
     # -- discovery ---------------------------------------------------------
 
@@ -209,12 +213,39 @@ class Router:
         for job in reversed(jobs):  # keep their order at the queue's front
             job.link = None
             job.attempts += 1
-            job.lost_on.append(link.describe())
+            job.lost_on.append(link.info)
             if job.attempts >= self._max_attempts:
-                lost = WorkerLost(job.attempts, tuple(job.lost_on))
-                job.deliver(Result(id=job.task.id, failure=tasks.failure_of(lost)))
+                failing = asyncio.create_task(self._fail_lost(job))
+                self._closing.add(failing)
+                failing.add_done_callback(self._closing.discard)
             else:
                 self.queue.appendleft(job)
+
+    async def _fail_lost(self, job: Job) -> None:
+        """Fail a task that lost its worker too often, saying how each died
+        (waiting a moment for the supervisor's report of the last death)."""
+        last = job.lost_on[-1].pid
+        if last not in self._exits:
+            waiter = self._exit_waiters.setdefault(last, asyncio.Event())
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(EXIT_REPORT_WAIT_S):
+                    await waiter.wait()
+            self._exit_waiters.pop(last, None)
+        workers = tuple(
+            f"worker pid {info.pid} ({str(info.uid)[:8]}): "
+            f"{self._exits.get(info.pid, 'ended, how unknown')}"
+            for info in job.lost_on
+        )
+        lost = WorkerLost(job.attempts, workers)
+        job.deliver(Result(id=job.task.id, failure=tasks.failure_of(lost)))
+
+    def record_exit(self, pid: int, status: str) -> None:
+        """The supervisor's word on how worker ``pid`` ended."""
+        self._exits[pid] = status
+        while len(self._exits) > EXITS_KEPT:
+            self._exits.pop(next(iter(self._exits)))
+        if (waiter := self._exit_waiters.get(pid)) is not None:
+            waiter.set()
 
     # -- tasks ---------------------------------------------------------------
 

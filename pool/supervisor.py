@@ -26,9 +26,12 @@ from dataclasses import dataclass, field
 from typing import Any, Final
 
 import portalocker
+from grpc import aio
 
 from discovery import LocalDiscovery, Subscriber, paths, reclaim
 from pool.client import ADDRESS_FILE
+from pool.dispatcher_pb2 import WorkerExit
+from pool.dispatcher_pb2_grpc import DispatcherStub
 from pool.errors import PoolAlreadyRunning, PoolError
 from pool.view import View
 from workers import auth
@@ -87,6 +90,7 @@ class Supervisor:
         self._dispatcher: Child | None = None
         self._workers: list[Child] = []
         self._watchers: set[asyncio.Task[None]] = set()
+        self._reporter: tuple[str, aio.Channel] | None = None
         self._registered: set[str] = set()  # uids seen added, not yet dropped
         self._registry_changed = asyncio.Event()
 
@@ -193,6 +197,8 @@ class Supervisor:
         self.view.note(
             f"{child.name.split('-')[0]}-exited", pid=child.pid, **_exit(code)
         )
+        if child is not self._dispatcher:
+            await self._report_exit(child.pid, code)
         if self._stopping or not self.options.restart:
             return
         # Back off only for a child that dies before it is ready: one killed
@@ -211,6 +217,22 @@ class Supervisor:
             self._watchers.add(watcher)
             watcher.add_done_callback(self._watchers.discard)
 
+    async def _report_exit(self, pid: int, code: int) -> None:
+        """Tell the dispatcher how a worker ended (for its poison-task error)."""
+        if self._reporter is None or self._reporter[0] != self.address:
+            if self._reporter is not None:
+                await self._reporter[1].close()
+            channel = aio.insecure_channel(self.address)
+            self._reporter = (self.address, channel)
+        stub = DispatcherStub(self._reporter[1])  # type: ignore[no-untyped-call]
+        token = auth.read_token(self.options.namespace)
+        with contextlib.suppress(aio.AioRpcError):
+            await stub.ReportExit(
+                WorkerExit(pid=pid, status=_describe_exit(code)),
+                metadata=auth.call_metadata(token),
+                timeout=2.0,
+            )
+
     # -- stopping ------------------------------------------------------------
 
     async def _stop_all(self, kill_now: asyncio.Event) -> None:
@@ -221,6 +243,8 @@ class Supervisor:
         for watcher in list(self._watchers):
             watcher.cancel()
         await asyncio.gather(*self._watchers, return_exceptions=True)
+        if self._reporter is not None:
+            await self._reporter[1].close()
 
     async def _follow(self) -> None:
         async for event in Subscriber(self.options.namespace):
@@ -293,7 +317,9 @@ def _exit(code: int) -> dict[str, Any]:
 
 
 def _describe_exit(code: int) -> str:
-    return " ".join(f"{k} {v}" for k, v in _exit(code).items())
+    return (
+        f"killed by {signal.Signals(-code).name}" if code < 0 else f"exit code {code}"
+    )
 
 
 def _claim(namespace: str) -> int:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import random
+import re
 import signal
 import threading
 
@@ -55,7 +56,8 @@ def test_poison_task_fails_after_max_attempts() -> None:
         ) as lost:
             client.submit(sample_tasks.die).result(timeout=60)
         assert len(lost.value.workers) == 3
-        assert all(w.startswith("worker pid ") for w in lost.value.workers)
+        for worker in lost.value.workers:  # each named, with how it died
+            assert re.fullmatch(r"worker pid \d+ \([0-9a-f]{8}\): exit code 3", worker)
         assert client.submit(sample_tasks.square, 6).result(timeout=60) == 36
 
 
