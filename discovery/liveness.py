@@ -56,13 +56,21 @@ class Liveness:
 
     @classmethod
     def hold(cls, namespace: str, uid: UUID) -> Self:
-        """Create the worker's liveness file and lock it for this process."""
+        """Create the worker's liveness file, locked by this process.
+
+        It is locked under a temporary name and renamed into place, so a
+        ``live-*`` file is locked from the moment it can be seen.
+        """
         path = liveness_path(namespace, uid)
-        fd = paths.open_private_file(path)
-        try:  # blocking: a subscriber's test holds it for microseconds at most
-            portalocker.lock(fd, portalocker.LockFlags.EXCLUSIVE)
+        draft = path.with_name(f".{path.name}.{os.getpid()}")
+        fd = paths.open_private_file(draft)
+        try:
+            portalocker.lock(fd, _EXCLUSIVE_NOW)  # a new file: nobody else has it
+            os.rename(draft, path)
         except BaseException:
             os.close(fd)
+            with contextlib.suppress(OSError):
+                os.unlink(draft)
             raise
         return cls(path, fd)
 
@@ -90,6 +98,28 @@ def is_alive(namespace: str, uid: UUID) -> bool:
     finally:
         os.close(fd)  # closing releases the lock we may have taken
     return False
+
+
+def sweep(namespace: str, registered: set[UUID]) -> int:
+    """Remove the liveness files of publishers that died before their worker
+    was registered (no slot names the uid, and no process holds the lock).
+
+    :returns: how many were removed.
+    """
+    directory = paths.namespace_dir(namespace, create=False)
+    removed = 0
+    with contextlib.suppress(OSError):
+        for entry in os.scandir(directory):
+            if not entry.name.startswith("live-"):
+                continue
+            try:
+                uid = UUID(hex=entry.name[len("live-") :])
+            except ValueError:
+                continue
+            if uid not in registered and not is_alive(namespace, uid):
+                forget(namespace, uid)
+                removed += 1
+    return removed
 
 
 def forget(namespace: str, uid: UUID) -> None:

@@ -33,7 +33,7 @@ from uuid import UUID
 from discovery import paths, watch
 from discovery.errors import NamespaceNotFound
 from discovery.info import DiscoveryEvent, WorkerInfo
-from discovery.liveness import PidWatch, Reaper
+from discovery.liveness import PidWatch, Reaper, sweep
 from discovery.registry import Registry, SlotRead
 
 log = logging.getLogger(__name__)
@@ -187,6 +187,8 @@ class _Follower:
             for index, known in self._slots.items():
                 if known.uid is not None and known.death is None:
                     self._suspects.setdefault(index, known.uid)
+            registered = {k.uid for k in self._slots.values() if k.uid is not None}
+            sweep(self._namespace, registered)
         if not self._suspects:
             return
         assert self._registry is not None

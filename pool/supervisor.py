@@ -199,7 +199,10 @@ class Supervisor:
         )
         if child is not self._dispatcher:
             await self._report_exit(child.pid, code)
-        if self._stopping or not self.options.restart:
+        if self._stopping:
+            return
+        if not self.options.restart:
+            self.view.note(f"{child.name.split('-')[0]}-not-replaced", pid=child.pid)
             return
         # Back off only for a child that dies before it is ready: one killed
         # after it served is replaced at once.

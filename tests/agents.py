@@ -8,6 +8,7 @@ stdout; end of stdin means exit cleanly. Roles:
 - ``subscribe NS``: prints every event of the namespace.
 - ``attach NS``: attaches as a non-owner and reports its child processes.
 - ``churn NS COUNT``: adds and drops COUNT workers as fast as it can.
+- ``hold NS``: takes a worker's liveness lock, then waits (to be killed).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from typing import Any
 import uvloop
 
 from discovery import DiscoveryEvent, LocalDiscovery, Publisher, Subscriber, WorkerInfo
+from discovery.liveness import Liveness
 from tests.helpers import children_of
 
 
@@ -95,6 +97,16 @@ async def attach(namespace: str) -> None:
             await stream.aclose()  # type: ignore[attr-defined]
 
 
+async def hold_and_wait(namespace: str) -> None:
+    """Take a worker's liveness lock, as a publisher does just before it
+    writes the slot, and wait there (to be killed)."""
+    uid = uuid.uuid4()
+    Liveness.hold(namespace, uid)
+    say(kind="ready", uid=str(uid))
+    async for _ in commands():
+        pass
+
+
 async def churn(namespace: str, count: int) -> None:
     async with Publisher(namespace) as publisher:
         say(kind="ready", pid=os.getpid())
@@ -116,6 +128,8 @@ def main() -> None:
             coro = subscribe(namespace)
         case "attach":
             coro = attach(namespace)
+        case "hold":
+            coro = hold_and_wait(namespace)
         case "churn":
             coro = churn(namespace, int(rest[0]))
         case _:

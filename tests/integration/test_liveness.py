@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import os
 import signal
 import uuid
@@ -12,7 +14,7 @@ from discovery import LocalDiscovery, Subscriber, list_workers
 from discovery.liveness import liveness_path
 from tests.helpers import agent
 from tests.pools import pool_command, running_pool, watching
-from tests.streams import follow, next_event
+from tests.streams import eventually, follow, next_event
 
 pytestmark = pytest.mark.integration
 
@@ -58,6 +60,23 @@ async def test_sigkilled_publisher_without_supervisor_drops(namespace: str) -> N
             assert not liveness_path(namespace, uuid.UUID(uid)).exists()
 
 
+async def test_publisher_killed_before_registering_leaves_nothing(
+    namespace: str,
+) -> None:
+    """A publisher killed after it took a worker's liveness lock but before
+    it wrote the slot leaves no file behind: a subscriber's poll sweeps it."""
+    with LocalDiscovery(namespace), agent("hold", namespace) as holder:
+        uid = uuid.UUID(holder.expect("ready")["uid"])
+        assert liveness_path(namespace, uid).exists()
+        holder.kill()
+        async with follow(Subscriber(namespace, poll_interval=0.05)) as stream:
+            napping = asyncio.ensure_future(anext(stream))
+            await eventually(lambda: not liveness_path(namespace, uid).exists())
+            napping.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await napping
+
+
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("kills", [1, 3, 4])
 def test_killed_workers_drop_and_are_replaced(namespace: str, kills: int) -> None:
@@ -85,3 +104,15 @@ def test_killed_workers_drop_and_are_replaced(namespace: str, kills: int) -> Non
 
 def _pid(line: str) -> int:
     return int(line.split("pid=")[1].split()[0])
+
+
+def test_no_restart_only_reports_deaths(namespace: str) -> None:
+    """With --no-restart a killed worker is reported dropped and not replaced."""
+    with running_pool(namespace, "--workers", "2", "--no-restart") as pool:
+        victim = list_workers(namespace)[0].pid
+        os.kill(victim, signal.SIGKILL)
+        wanted = {"worker-not-replaced ": 1, "worker-dropped ": 1}
+        lines = pool.lines.wait_counts(wanted, 30)
+        assert f"worker-dropped pid={victim} " in "".join(lines)
+        assert not any(line.startswith("worker-started ") for line in lines)
+        assert [w.pid != victim for w in list_workers(namespace)] == [True]
