@@ -207,9 +207,7 @@ class Supervisor:
         # Back off only for a child that dies before it is ready: one killed
         # after it served is replaced at once.
         child.failures = 0 if child.ready else child.failures + 1
-        if child.failures:
-            first, cap = BACKOFF_S
-            await asyncio.sleep(min(cap, first * 2 ** (child.failures - 1)))
+        await asyncio.sleep(restart_delay(child.failures))
         if self._stopping:
             return
         try:
@@ -313,6 +311,15 @@ async def _kill(process: asyncio.subprocess.Process) -> None:
         with contextlib.suppress(ProcessLookupError):
             process.kill()
     await process.wait()
+
+
+def restart_delay(failures: int) -> float:
+    """Seconds before restarting a child that failed to start ``failures``
+    times in a row: none for the first restart, then 0.1 s doubling to 10 s."""
+    if failures <= 0:
+        return 0.0
+    first, cap = BACKOFF_S
+    return float(min(cap, first * 2 ** (failures - 1)))
 
 
 def _exit(code: int) -> dict[str, Any]:
