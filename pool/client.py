@@ -35,7 +35,7 @@ from pool.dispatcher_pb2 import Submission, SubmissionBatch
 from pool.errors import PoolNotRunning
 from workers import auth, tasks
 from workers.lifecycle import GRPC_OPTIONS
-from workers.worker_pb2 import Failure, Result, Task
+from workers.worker_pb2 import Result, Task
 
 ADDRESS_FILE = "address"
 RECONNECT_S = 30.0  # how long a client waits for a restarted dispatcher
@@ -172,14 +172,9 @@ class Connection:
     def _resend_pending(self) -> None:
         """After a lost stream: every unanswered task goes out again, but
         those cancelled meanwhile are answered here."""
-        cancelled = Failure(
-            type="asyncio.CancelledError",
-            message="the task was cancelled",
-            code=Failure.CANCELLED,
-        )
         for task_id in self._cancelled & self._pending.keys():
             _, on_result = self._pending.pop(task_id)
-            on_result(Result(id=task_id, failure=cancelled))
+            on_result(Result(id=task_id, failure=tasks.cancelled()))
         self._cancelled.clear()
         self._outgoing = [submission for submission, _ in self._pending.values()]
         self._cancels = []

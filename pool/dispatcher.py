@@ -35,9 +35,9 @@ from pool.dispatcher_pb2 import (
     WorkerState,
 )
 from pool.routing import NO_WORKER_TIMEOUT_S, Deliver, Job, Router
-from workers import auth, lifecycle
+from workers import auth, lifecycle, tasks
 from workers.outbox import Outbox
-from workers.worker_pb2 import Failure, Result, ResultBatch
+from workers.worker_pb2 import Result, ResultBatch
 
 log = logging.getLogger("pool.dispatcher")
 
@@ -117,7 +117,7 @@ class DispatcherService(dispatcher_pb2_grpc.DispatcherServicer):
             for submission in batch.submissions:
                 client_id = submission.task.id
                 if client_id in jobs:
-                    outbox.put(_reused(client_id))
+                    outbox.put(Result(id=client_id, failure=tasks.id_reused(client_id)))
                     continue
                 deliver = deliverer(client_id)
                 jobs[client_id] = self._router.submit(
@@ -170,15 +170,6 @@ class DispatcherService(dispatcher_pb2_grpc.DispatcherServicer):
     ) -> WorkerExitReply:
         self._router.record_exit(request.pid, request.status)
         return WorkerExitReply()
-
-
-def _reused(client_id: int) -> Result:
-    failure = Failure(
-        type="pool.TaskIdReused",
-        message=f"task id {client_id} is already in flight on this stream",
-        code=Failure.BAD_REQUEST,
-    )
-    return Result(id=client_id, failure=failure)
 
 
 async def serve(

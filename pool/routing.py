@@ -264,12 +264,7 @@ class Router:
             return
         with contextlib.suppress(ValueError):
             self.queue.remove(job)
-            cancelled = Failure(
-                type="asyncio.CancelledError",
-                message="the task was cancelled",
-                code=Failure.CANCELLED,
-            )
-            job.deliver(Result(id=job.task.id, failure=cancelled))
+            job.deliver(Result(id=job.task.id, failure=tasks.cancelled()))
 
     def on_result(self, link: WorkerLink, result: Result) -> None:
         job = link.in_flight.pop(result.id, None)

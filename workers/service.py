@@ -125,7 +125,7 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
                     self._cancel(entry)
             for task in batch.tasks:
                 if task.id in stream.entries:
-                    stream.outbox.put(_failed(task.id, _reused(task.id)))
+                    stream.outbox.put(_failed(task.id, tasks.id_reused(task.id)))
                 else:
                     self._start(_Entry(task, stream))
         while stream.entries:  # the dispatcher closed its side: finish, then end
@@ -180,12 +180,7 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
     def _cancel(self, entry: _Entry) -> None:
         if entry.job is not None:
             entry.job.cancel()
-        failure = Failure(
-            type="asyncio.CancelledError",
-            message="the task was cancelled",
-            code=Failure.CANCELLED,
-        )
-        self._answer(entry, _failed(entry.task.id, failure))
+        self._answer(entry, _failed(entry.task.id, tasks.cancelled()))
 
     def _time_out(self, entry: _Entry) -> None:
         if entry.job is not None:
@@ -243,11 +238,3 @@ def _run_plain(fn: Callable[..., Any], task: Task) -> Result:
 
 def _failed(task_id: int, failure: Failure) -> Result:
     return Result(id=task_id, failure=failure)
-
-
-def _reused(task_id: int) -> Failure:
-    return Failure(
-        type="workers.TaskIdReused",
-        message=f"task id {task_id} is already in flight on this stream",
-        code=Failure.BAD_REQUEST,
-    )

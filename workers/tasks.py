@@ -158,6 +158,24 @@ def failure_of(
     )
 
 
+def cancelled() -> Failure:
+    """The Failure of a task cancelled before it finished."""
+    return Failure(
+        type="asyncio.CancelledError",
+        message="the task was cancelled",
+        code=Failure.CANCELLED,
+    )
+
+
+def id_reused(task_id: int) -> Failure:
+    """The Failure of a task whose id is already in flight on its stream."""
+    return Failure(
+        type="workers.TaskIdReused",
+        message=f"task id {task_id} is already in flight on this stream",
+        code=Failure.BAD_REQUEST,
+    )
+
+
 def exception_of(failure: Failure) -> BaseException:
     """The exception a Failure carries, with its remote traceback as cause."""
     exc: BaseException
