@@ -40,6 +40,7 @@ from workers.worker_pb2 import Result, Task
 ADDRESS_FILE = "address"
 RECONNECT_S = 30.0  # how long a client waits for a restarted dispatcher
 RECONNECT_FIRST_S = 0.05
+STOPPED = "the pool stopped"  # the reason when the dispatcher ends a stream
 
 OnResult = Callable[[Result], None]
 
@@ -67,10 +68,11 @@ def outcome(result: Result) -> Any:
 class Connection:
     """The stream of tasks to a pool's dispatcher, bound to the loop that made it.
 
-    If the dispatcher goes away (the supervisor restarts one that died), it
-    reconnects, with back-off, for up to ``reconnect_s``, and sends again
+    If the stream breaks (the supervisor restarts a dispatcher that died),
+    it reconnects, with back-off, for up to ``reconnect_s``, and sends again
     every task still unanswered: the new dispatcher never saw them (so a
-    task may run twice; see the module docstring). Past that, those tasks
+    task may run twice; see the module docstring). Past that, or at once
+    when the dispatcher ends the stream because the pool stops, those tasks
     fail with :class:`PoolNotRunning`.
 
     :raises PoolNotRunning: if no pool serves the namespace now.
@@ -113,6 +115,9 @@ class Connection:
             reason, served = await self._stream()
             if self._closing or self._refused is not None:
                 return
+            if reason is STOPPED:  # a clean end: the pool is going away
+                self._fail_all(PoolNotRunning(self.namespace, reason))
+                continue
             if served:
                 lost_at, delay = None, RECONNECT_FIRST_S
             self._resend_pending()
@@ -129,8 +134,8 @@ class Connection:
         as far as the dispatcher."""
         try:
             address, token = locate(self.namespace)
-        except PoolNotRunning as exc:
-            return exc.detail or "its address is gone", False
+        except PoolNotRunning:
+            return STOPPED, False  # its files are gone: no restart is coming
         channel = aio.insecure_channel(address, options=GRPC_OPTIONS)
         stub = dispatcher_pb2_grpc.DispatcherStub(channel)  # type: ignore[no-untyped-call]
         call = stub.SubmitStream(metadata=auth.call_metadata(token))
@@ -146,7 +151,7 @@ class Connection:
                     if (entry := self._pending.pop(result.id, None)) is not None:
                         self._cancelled.discard(result.id)
                         entry[1](result)
-            return "the dispatcher ended the stream", served
+            return STOPPED, served
         except aio.AioRpcError as exc:
             if exc.code() == grpc.StatusCode.UNAUTHENTICATED:
                 detail = f"the pool refused our token ({exc.details()})"

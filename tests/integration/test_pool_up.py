@@ -3,16 +3,18 @@
 from __future__ import annotations
 
 import signal
+import time
 
 import grpc
 import pytest
 
 from discovery import list_workers, paths
-from pool import Client, RemoteTraceback
+from pool import Client, PoolNotRunning, RemoteTraceback
 from pool.client import locate
 from pool.dispatcher_pb2 import Submission, SubmissionBatch
 from pool.dispatcher_pb2_grpc import DispatcherStub
 from tests import sample_tasks
+from tests.helpers import wait_until
 from tests.pools import pool_command, processes_mentioning, running_pool, watching
 from workers import auth
 from workers.worker_pb2 import Task, TaskBatch
@@ -135,3 +137,29 @@ def _assert_nothing_left(namespace: str) -> None:
     assert not (paths.SHM_DIR / paths.segment_name(namespace)).exists()
     assert not paths.namespace_dir(namespace, create=False).exists()
     assert processes_mentioning(namespace) == []
+
+
+@pytest.mark.timeout(60)
+def test_second_sigint_stops_at_once(namespace: str) -> None:
+    """While a drain waits on a long task, a second SIGINT stops at once:
+    the worker is killed, and still nothing is left behind."""
+    with running_pool(namespace, "--workers", "1") as pool, Client(namespace) as client:
+        napping = client.submit(sample_tasks.nap, 50)
+        wait_until(lambda: _running(namespace) == 1, 30)
+        pool.proc.send_signal(signal.SIGINT)
+        pool.wait_for("stopping ")
+        pool.wait_for("worker-updated ")  # draining, and waiting on the nap
+        started = time.monotonic()
+        assert pool.stop(signal.SIGINT, timeout_s=20) == 0
+        assert time.monotonic() - started < 10
+        assert any(
+            line.startswith("worker-exited ") and "signal=SIGKILL" in line
+            for line in pool.lines.wait_counts({"stopped ": 1}, 10)
+        )
+        with pytest.raises(PoolNotRunning, match="the pool stopped"):
+            napping.result(timeout=30)
+    _assert_nothing_left(namespace)
+
+
+def _running(namespace: str) -> int:
+    return sum(int(w.extra.get("running", "0")) for w in list_workers(namespace))
