@@ -23,13 +23,13 @@ import os
 import sys
 import uuid
 from collections.abc import Sequence
-from importlib.metadata import version
 from typing import Final
 
 import uvloop
 from grpc import aio
 from grpc_health.v1 import health, health_pb2_grpc
 
+import discovery
 from discovery import DiscoveryError, Publisher, WorkerInfo, paths
 from workers import auth, lifecycle, worker_pb2_grpc
 from workers.service import WorkerService
@@ -151,7 +151,7 @@ async def _serve(config: Config, stopper: lifecycle.Stopper) -> None:
             uid,
             address,
             os.getpid(),
-            version("shm-pool"),
+            discovery.__version__,
             tags=config.tags,
             extra=_counters(service),
             capacity=config.concurrency * config.prefetch,
