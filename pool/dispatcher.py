@@ -238,6 +238,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="dispatcher: %(message)s")
+    # watchdog warns when a watched directory's last events race the
+    # observer's stop, as they do when the pool's files are removed at exit.
+    logging.getLogger("watchdog").setLevel(logging.ERROR)
     with contextlib.suppress(KeyboardInterrupt):
         uvloop.run(
             serve(

@@ -144,7 +144,6 @@ class Supervisor:
             ],
         )
         self._dispatcher = dispatcher
-        await self._start(dispatcher)
         worker_argv = [
             "-m",
             "workers",
@@ -158,7 +157,12 @@ class Supervisor:
         if opts.tags:
             worker_argv += ["--tags", ",".join(opts.tags)]
         self._workers = [Child(f"worker-{i}", worker_argv) for i in range(opts.workers)]
-        await asyncio.gather(*(self._start(child) for child in self._workers))
+        # All at once: workers need only the registry and the token, and the
+        # dispatcher finds them in the registry whenever it comes up.
+        starts = [self._start(child) for child in [dispatcher, *self._workers]]
+        results = await asyncio.gather(*starts, return_exceptions=True)
+        if errors := [r for r in results if isinstance(r, BaseException)]:
+            raise errors[0]
 
     async def _start(self, child: Child) -> None:
         """Start a child, wait for its READY line, and watch it from then on."""
