@@ -103,8 +103,10 @@ async def main(kills: int, workers: int) -> None:
             live.add(added.worker_info.pid)
     finally:
         await events.aclose()  # type: ignore[attr-defined]
-        supervisor.send_signal(signal.SIGINT)
-        await supervisor.wait()
+        if supervisor.returncode is None:
+            supervisor.send_signal(signal.SIGINT)
+        if code := await supervisor.wait():
+            print(f"pool up exited with {code}", file=sys.stderr)
     small, like_a_worker = await pidfd_floor(SMALL), await pidfd_floor(LIKE_A_WORKER)
     print(f"{kills} SIGKILLs of {workers} workers; times from the kill\n")
     print("| measure | p50 ms | max ms |")

@@ -158,11 +158,28 @@ class Supervisor:
             worker_argv += ["--tags", ",".join(opts.tags)]
         self._workers = [Child(f"worker-{i}", worker_argv) for i in range(opts.workers)]
         # All at once: workers need only the registry and the token, and the
-        # dispatcher finds them in the registry whenever it comes up.
-        starts = [self._start(child) for child in [dispatcher, *self._workers]]
-        results = await asyncio.gather(*starts, return_exceptions=True)
-        if errors := [r for r in results if isinstance(r, BaseException)]:
-            raise errors[0]
+        # dispatcher finds them in the registry whenever it comes up. A worker
+        # that fails to start is retried like any dead worker; a dispatcher
+        # that fails ends `pool up` (its trouble is most likely the setup).
+        workers = [self._start_or_retry(child) for child in self._workers]
+        results = await asyncio.gather(
+            self._start(dispatcher), *workers, return_exceptions=True
+        )
+        if isinstance(results[0], BaseException):
+            raise results[0]
+
+    async def _start_or_retry(self, child: Child) -> None:
+        try:
+            await self._start(child)
+        except ChildFailed as exc:
+            self._retry(child, exc)
+
+    def _retry(self, child: Child, error: ChildFailed) -> None:
+        """Note a failed start, and restart after the back-off."""
+        self.view.note("start-failed", name=child.name, error=str(error))
+        watcher = asyncio.create_task(self._watch(child))
+        self._watchers.add(watcher)
+        watcher.add_done_callback(self._watchers.discard)
 
     async def _start(self, child: Child) -> None:
         """Start a child, wait for its READY line, and watch it from then on."""
@@ -186,6 +203,7 @@ class Supervisor:
         except BaseException:
             await _kill(process)
             raise
+        self._registry_changed.set()  # _until_registered looks again
         if child is self._dispatcher:  # a restarted one may listen elsewhere
             self.address = child.ready["address"]
             _write_private(self.options.namespace, ADDRESS_FILE, self.address)
@@ -217,13 +235,12 @@ class Supervisor:
         try:
             await self._start(child)
         except ChildFailed as exc:
-            self.view.note("start-failed", name=child.name, error=str(exc))
-            watcher = asyncio.create_task(self._watch(child))  # back off again
-            self._watchers.add(watcher)
-            watcher.add_done_callback(self._watchers.discard)
+            self._retry(child, exc)
 
     async def _report_exit(self, pid: int, code: int) -> None:
         """Tell the dispatcher how a worker ended (for its poison-task error)."""
+        if not self.address:
+            return  # no dispatcher has been ready yet: it sent it no task
         if self._reporter is None or self._reporter[0] != self.address:
             if self._reporter is not None:
                 await self._reporter[1].close()
@@ -262,11 +279,21 @@ class Supervisor:
             self.view.event(event)
 
     async def _until_registered(self) -> None:
-        """Wait until this view has seen every started worker added."""
-        async with asyncio.timeout(START_TIMEOUT_S):
-            while not {c.ready["uid"] for c in self._workers} <= self._registered:
-                await self._registry_changed.wait()
-                self._registry_changed.clear()
+        """Wait until every worker is ready and this view has seen it added."""
+        try:
+            async with asyncio.timeout(START_TIMEOUT_S):
+                while not all(
+                    c.ready and c.ready["uid"] in self._registered
+                    for c in self._workers
+                ):
+                    await self._registry_changed.wait()
+                    self._registry_changed.clear()
+        except TimeoutError:
+            late = sum(1 for c in self._workers if not c.ready)
+            raise ChildFailed(
+                f"{late} of {len(self._workers)} workers were not ready within "
+                f"{START_TIMEOUT_S:g} s; see the errors above"
+            ) from None
 
 
 async def _read_ready(

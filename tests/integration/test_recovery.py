@@ -99,3 +99,17 @@ def test_dispatcher_killed_midway_is_restarted_and_clients_reconnect(
         assert [first, *results] == [x * x for x in range(600)]
         pool.lines.wait_counts({"dispatcher-exited ": 1, "dispatcher-started ": 1}, 30)
         assert client.submit(sample_tasks.square, 5).result(timeout=30) == 25
+
+
+def test_worker_killed_while_the_pool_starts_is_retried(namespace: str) -> None:
+    """A worker killed as soon as it registers, before the supervisor has its
+    ready line, is started again: `pool up` does not give up."""
+    pool = RunningPool(namespace, "--workers", "2")
+    try:
+        line = pool.wait_for("worker-added ", 30)
+        os.kill(int(line.split("pid=")[1].split()[0]), signal.SIGKILL)
+        pool.wait_for("ready ", 60)
+        with Client(namespace) as client:
+            assert client.submit(sample_tasks.square, 8).result(timeout=30) == 64
+    finally:
+        pool.close()
