@@ -201,12 +201,27 @@ class Connection:
         self._fail_all(PoolNotRunning(self.namespace, "the client was closed"))
 
 
-def make_task(
-    task_id: int, fn: Callable[..., Any] | str, args: tuple[Any, ...], kwargs: Any
-) -> Task:
-    """A task calling ``fn`` (a callable or ``"module:qualname"``)."""
-    name = fn if isinstance(fn, str) else tasks.function_name(fn)
-    return Task(id=task_id, function=name, args=tasks.dump_call(args, dict(kwargs)))
+class Submissions:
+    """What both clients put on a task: a fresh id, the function's name, the
+    pickled call, and the client's tags and time limit."""
+
+    def __init__(self, tags: Iterable[str], task_timeout_s: float | None) -> None:
+        self._tags = tuple(tags)
+        self._timeout_s = task_timeout_s or 0.0
+        self._ids = itertools.count(1)
+
+    def make(
+        self, fn: Callable[..., Any] | str, args: tuple[Any, ...], kwargs: Any
+    ) -> Submission:
+        """A submission calling ``fn`` (a callable or ``"module:qualname"``)."""
+        name = fn if isinstance(fn, str) else tasks.function_name(fn)
+        task = Task(
+            id=next(self._ids),
+            function=name,
+            args=tasks.dump_call(args, dict(kwargs)),
+            timeout_s=self._timeout_s,
+        )
+        return Submission(task=task, tags=self._tags)
 
 
 def _chunks(iterables: tuple[Iterable[Any], ...], size: int) -> Iterator[list[Any]]:
@@ -232,9 +247,7 @@ class Client(concurrent.futures.Executor):
         task_timeout_s: float | None = None,
     ) -> None:
         self.namespace = namespace
-        self._tags = tuple(tags)
-        self._timeout_s = task_timeout_s or 0.0
-        self._ids = itertools.count(1)
+        self._submissions = Submissions(tags, task_timeout_s)
         self._lock = threading.Lock()
         self._queued: list[tuple[Submission, concurrent.futures.Future[Any]]] = []
         self._flush_scheduled = False
@@ -262,13 +275,12 @@ class Client(concurrent.futures.Executor):
     ) -> concurrent.futures.Future[Any]:
         """Run ``fn(*args, **kwargs)`` in the pool; ``fn`` must be importable
         by the workers (a module-level function, or ``"module:qualname"``)."""
-        task = make_task(next(self._ids), fn, args, kwargs)
-        task.timeout_s = self._timeout_s
+        submission = self._submissions.make(fn, args, kwargs)
         future: concurrent.futures.Future[Any] = concurrent.futures.Future()
         with self._lock:
             if self._closed:
                 raise RuntimeError("cannot schedule new futures after shutdown")
-            self._queued.append((Submission(task=task, tags=self._tags), future))
+            self._queued.append((submission, future))
             self._outstanding.add(future)
             if not self._flush_scheduled:
                 self._flush_scheduled = True
@@ -370,9 +382,7 @@ class AsyncClient:
         task_timeout_s: float | None = None,
     ) -> None:
         self._namespace = namespace
-        self._tags = tuple(tags)
-        self._timeout_s = task_timeout_s or 0.0
-        self._ids = itertools.count(1)
+        self._submissions = Submissions(tags, task_timeout_s)
         self._connection: Connection | None = None
 
     async def __aenter__(self) -> Self:
@@ -401,19 +411,18 @@ class AsyncClient:
         """
         if self._connection is None:
             raise RuntimeError("use `async with AsyncClient(...)` before submitting")
-        task = make_task(next(self._ids), fn, args, kwargs)
-        task.timeout_s = self._timeout_s
+        submission = self._submissions.make(fn, args, kwargs)
         done: asyncio.Future[Result] = asyncio.get_running_loop().create_future()
 
         def deliver(result: Result) -> None:
             if not done.done():
                 done.set_result(result)
 
-        self._connection.submit(Submission(task=task, tags=self._tags), deliver)
+        self._connection.submit(submission, deliver)
         try:
             return outcome(await done)
         except asyncio.CancelledError:
-            self._connection.cancel(task.id)
+            self._connection.cancel(submission.task.id)
             raise
 
     async def map(
