@@ -381,12 +381,12 @@ class AsyncClient:
         tags: Iterable[str] = (),
         task_timeout_s: float | None = None,
     ) -> None:
-        self._namespace = namespace
+        self.namespace = namespace
         self._submissions = Submissions(tags, task_timeout_s)
         self._connection: Connection | None = None
 
     async def __aenter__(self) -> Self:
-        self._connection = Connection(self._namespace)
+        self._connection = Connection(self.namespace)
         return self
 
     async def __aexit__(
