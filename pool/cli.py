@@ -24,7 +24,8 @@ from pool.client import Client
 from pool.errors import PoolError, PoolNotRunning
 from pool.supervisor import Options, Supervisor, owner_pid
 from pool.view import LiveView, PlainView, View, describe, line
-from workers.tasks import BadTask, TaskError
+from workers.lifecycle import LOOPBACK, MAX_ARGS_LIMIT
+from workers.tasks import MAX_ARGS_BYTES, BadTask, TaskError
 
 DOWN_TIMEOUT_S = 60.0
 
@@ -64,7 +65,20 @@ def build_parser() -> argparse.ArgumentParser:
         help="tasks each worker runs at once (default 1)",
     )
     up.add_argument("--tags", default="", help="comma-separated worker tags")
-    up.add_argument("--host", help="listen on TCP at HOST instead of unix sockets")
+    up.add_argument(
+        "--host",
+        nargs="?",
+        const=LOOPBACK,
+        help=f"listen on TCP instead of unix sockets, at HOST (default {LOOPBACK}, "
+        "this machine only; any other address exposes the pool: read SECURITY.md)",
+    )
+    up.add_argument(
+        "--max-args-bytes",
+        type=int,
+        default=MAX_ARGS_BYTES,
+        help="largest pickled arguments a task may carry; a larger one fails "
+        f"with RESOURCE_EXHAUSTED (default {MAX_ARGS_BYTES})",
+    )
     up.add_argument(
         "--no-restart",
         action="store_true",
@@ -151,6 +165,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 def cmd_up(args: argparse.Namespace) -> int:
     if args.workers < 0 or args.concurrency < 1:
         raise UsageError("--workers must be 0 or more and --concurrency 1 or more")
+    if not 0 <= args.max_args_bytes <= MAX_ARGS_LIMIT:
+        raise UsageError(f"--max-args-bytes must be 0 to {MAX_ARGS_LIMIT}")
     options = Options(
         namespace=args.namespace,
         workers=args.workers,
@@ -161,6 +177,7 @@ def cmd_up(args: argparse.Namespace) -> int:
         grace_s=args.grace_s,
         capacity=args.capacity,
         no_worker_timeout_s=args.no_worker_timeout_s,
+        max_args_bytes=args.max_args_bytes,
     )
     view: View = LiveView(args.namespace) if sys.stdout.isatty() else PlainView()
     try:

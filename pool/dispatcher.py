@@ -227,7 +227,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         description="Run a pool's dispatcher (started by `python -m pool up`).",
     )
     parser.add_argument("--namespace", default="default")
-    parser.add_argument("--host", help="listen on TCP HOST:<free port>")
+    parser.add_argument(
+        "--host",
+        nargs="?",
+        const=lifecycle.LOOPBACK,
+        help=f"listen on TCP HOST:<free port> (default {lifecycle.LOOPBACK})",
+    )
     parser.add_argument("--parent", type=int, help="exit when this pid dies")
     parser.add_argument("--ready-fd", type=int, help="write the READY line here")
     parser.add_argument(

@@ -33,7 +33,7 @@ from discovery.liveness import is_alive
 from pool.errors import NoWorkerAvailable, WorkerLost
 from workers import auth, tasks
 from workers.lifecycle import GRPC_OPTIONS
-from workers.worker_pb2 import Failure, Result, Task, TaskBatch
+from workers.worker_pb2 import Result, Task, TaskBatch
 from workers.worker_pb2_grpc import WorkerStub
 
 log = logging.getLogger(__name__)
@@ -271,7 +271,8 @@ class Router:
         if job is None:
             return  # already requeued elsewhere
         job.link = None
-        if result.HasField("failure") and result.failure.code == Failure.REJECTED:
+        failure = result.failure if result.HasField("failure") else None
+        if failure is not None and tasks.status_of(failure) == grpc.StatusCode.UNAVAILABLE:
             self.queue.appendleft(job)  # the worker is draining
         else:
             link.done += 1

@@ -36,6 +36,7 @@ from pool.errors import PoolAlreadyRunning, PoolError
 from pool.view import View
 from workers import auth
 from workers.lifecycle import READY_PREFIX
+from workers.tasks import MAX_ARGS_BYTES
 
 OWNER_FILE: Final = "owner"
 START_TIMEOUT_S: Final = 30.0
@@ -73,6 +74,7 @@ class Options:
     grace_s: float = 30.0
     capacity: int = 128
     no_worker_timeout_s: float = 30.0
+    max_args_bytes: int = MAX_ARGS_BYTES
 
 
 class Supervisor:
@@ -153,6 +155,8 @@ class Supervisor:
             str(opts.concurrency),
             "--grace-s",
             str(opts.grace_s),
+            "--max-args-bytes",
+            str(opts.max_args_bytes),
         ]
         if opts.tags:
             worker_argv += ["--tags", ",".join(opts.tags)]

@@ -9,7 +9,9 @@ SIGTERM, SIGINT or its parent's death, seen at once through a pidfd.
 from __future__ import annotations
 
 import asyncio
+import ipaddress
 import json
+import logging
 import os
 import signal
 import sys
@@ -19,12 +21,17 @@ from typing import Any, Final
 from grpc import aio
 
 MAX_MESSAGE_BYTES: Final = 128 * 1024 * 1024
+# A task's arguments must fit a message with room for the rest of its batch.
+MAX_ARGS_LIMIT: Final = MAX_MESSAGE_BYTES // 2
+LOOPBACK: Final = "127.0.0.1"
 GRPC_OPTIONS: Final = (
     ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
     ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
     ("grpc.optimization_target", "latency"),
 )
 READY_PREFIX: Final = "READY "
+
+log = logging.getLogger(__name__)
 
 
 def bind(server: aio.Server, host: str | None, socket: Path) -> tuple[str, Path | None]:
@@ -34,11 +41,27 @@ def bind(server: aio.Server, host: str | None, socket: Path) -> tuple[str, Path 
         exit (None for TCP).
     """
     if host:
+        if not is_loopback(host):
+            log.warning(
+                "listening on %s: other machines can reach this port; every call "
+                "needs the token, but traffic is not encrypted (see SECURITY.md)",
+                host,
+            )
         port = server.add_insecure_port(f"{host}:0")
         return f"{f'[{host}]' if ':' in host else host}:{port}", None
     socket.unlink(missing_ok=True)  # left by a dead predecessor
     server.add_insecure_port(f"unix:{socket}")
     return f"unix:{socket}", socket
+
+
+def is_loopback(host: str) -> bool:
+    """True if ``host`` names only this machine."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
 
 
 def announce_ready(ready_fd: int | None, **fields: Any) -> None:

@@ -31,7 +31,7 @@ from grpc_health.v1 import health, health_pb2_grpc
 
 import discovery
 from discovery import DiscoveryError, Publisher, WorkerInfo, paths
-from workers import auth, lifecycle, worker_pb2_grpc
+from workers import auth, lifecycle, tasks, worker_pb2_grpc
 from workers.service import WorkerService
 
 log = logging.getLogger("workers")
@@ -53,6 +53,7 @@ class Config:
     grace_s: float
     parent: int | None
     ready_fd: int | None
+    max_args_bytes: int = tasks.MAX_ARGS_BYTES
 
 
 def parse_args(argv: Sequence[str] | None = None) -> Config:
@@ -77,7 +78,11 @@ def parse_args(argv: Sequence[str] | None = None) -> Config:
         f"ends: the worker's capacity is concurrency x prefetch (default {PREFETCH})",
     )
     parser.add_argument(
-        "--host", help="listen on TCP HOST:<free port> instead of a unix socket"
+        "--host",
+        nargs="?",
+        const=lifecycle.LOOPBACK,
+        help="listen on TCP HOST:<free port> instead of a unix socket (HOST "
+        f"defaults to {lifecycle.LOOPBACK}; every call still needs the token)",
     )
     parser.add_argument(
         "--tags", default="", help="comma-separated labels tasks may require"
@@ -88,6 +93,13 @@ def parse_args(argv: Sequence[str] | None = None) -> Config:
         default=30.0,
         help="on SIGTERM, how long to finish running tasks (default 30)",
     )
+    parser.add_argument(
+        "--max-args-bytes",
+        type=int,
+        default=tasks.MAX_ARGS_BYTES,
+        help="refuse a task whose pickled arguments are larger, with "
+        f"RESOURCE_EXHAUSTED (default {tasks.MAX_ARGS_BYTES})",
+    )
     parser.add_argument("--parent", type=int, help="exit when this pid dies")
     parser.add_argument(
         "--ready-fd", type=int, help="write the READY line here, not to stdout"
@@ -95,6 +107,11 @@ def parse_args(argv: Sequence[str] | None = None) -> Config:
     args = parser.parse_args(argv)
     if args.concurrency < 1 or args.prefetch < 1:
         parser.error("--concurrency and --prefetch must be at least 1")
+    if not 0 <= args.max_args_bytes <= lifecycle.MAX_ARGS_LIMIT:
+        parser.error(
+            f"--max-args-bytes must be 0 to {lifecycle.MAX_ARGS_LIMIT}, "
+            f"got {args.max_args_bytes}"
+        )
     try:
         paths.validate_namespace(args.namespace)
     except ValueError as exc:
@@ -109,6 +126,7 @@ def parse_args(argv: Sequence[str] | None = None) -> Config:
         args.grace_s,
         args.parent,
         args.ready_fd,
+        args.max_args_bytes,
     )
 
 
@@ -136,7 +154,9 @@ async def _serve(config: Config, stopper: lifecycle.Stopper) -> None:
     token = auth.read_token(config.namespace)
     uid = uuid.uuid4()
     changed = asyncio.Event()
-    service = WorkerService(config.concurrency, on_change=changed.set)
+    service = WorkerService(
+        config.concurrency, changed.set, max_args_bytes=config.max_args_bytes
+    )
     server = aio.server(
         interceptors=[auth.TokenInterceptor(token)], options=lifecycle.GRPC_OPTIONS
     )

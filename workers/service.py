@@ -14,7 +14,9 @@ its thread is free again when the call returns.
 
 The service owns its slot threads and every task it started; a stream that
 breaks drops its tasks' answers. While draining it refuses new tasks with
-a ``REJECTED`` failure, which the dispatcher sends elsewhere.
+an UNAVAILABLE failure, which the dispatcher sends elsewhere. A task that
+cannot be run as sent is answered alone with its precise status (see
+``proto/workers/worker.proto``); its stream and the other tasks go on.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+import grpc
 from grpc import aio
 
 from workers import tasks, worker_pb2_grpc
@@ -64,11 +67,21 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
 
     :param concurrency: slot threads for plain functions.
     :param on_change: called (on the loop) whenever a counter changes.
+    :param max_args_bytes: the largest pickled arguments a task may carry.
     """
 
-    def __init__(self, concurrency: int, on_change: Callable[[], None]) -> None:
+    def __init__(
+        self,
+        concurrency: int,
+        on_change: Callable[[], None],
+        *,
+        max_args_bytes: int = tasks.MAX_ARGS_BYTES,
+    ) -> None:
         if concurrency < 1:
             raise ValueError(f"concurrency must be at least 1, got {concurrency}")
+        if max_args_bytes < 0:
+            raise ValueError(f"max_args_bytes must be 0 or more, got {max_args_bytes}")
+        self._max_args_bytes = max_args_bytes
         self._loop = asyncio.get_running_loop()
         self._on_change = on_change
         self._plain: queue.SimpleQueue[_Plain | None] = queue.SimpleQueue()
@@ -138,28 +151,23 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
     def _start(self, entry: _Entry) -> None:
         task = entry.task
         if self.draining:
-            rejected = Failure(
-                type="workers.Draining",
-                message="the worker is draining",
-                code=Failure.REJECTED,
-            )
-            entry.stream.outbox.put(_failed(task.id, rejected))
+            entry.stream.outbox.put(_failed(task.id, tasks.rejected()))
             return
         entry.stream.entries[task.id] = entry
         self.running += 1
         self._idle.clear()
         self._on_change()
         try:
+            tasks.check_timeout(task)
             fn = tasks.resolve(task.function)
         except tasks.BadTask as exc:
-            self._answer(
-                entry, _failed(task.id, tasks.failure_of(exc, Failure.BAD_REQUEST))
-            )
+            self._answer(entry, _failed(task.id, tasks.failure_of(exc, remote=False)))
             return
         if task.timeout_s > 0:
             entry.timer = self._loop.call_later(task.timeout_s, self._time_out, entry)
         if inspect.iscoroutinefunction(fn):
-            entry.job = asyncio.create_task(_run_coroutine(fn, task))
+            run = _run_coroutine(fn, task, self._max_args_bytes)
+            entry.job = asyncio.create_task(run)
             entry.job.add_done_callback(lambda job: self._coroutine_done(entry, job))
         else:
             self._plain.put((entry, fn))
@@ -170,7 +178,7 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
             entry, fn = item
             if entry.answered:
                 continue  # cancelled or timed out before it started
-            result = _run_plain(fn, entry.task)
+            result = _run_plain(fn, entry.task, self._max_args_bytes)
             self._loop.call_soon_threadsafe(self._answer, entry, result)
 
     def _coroutine_done(self, entry: _Entry, job: asyncio.Task[Result]) -> None:
@@ -186,9 +194,8 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
         if entry.job is not None:
             entry.job.cancel()
         timeout = TimeoutError(f"the task ran over its {entry.task.timeout_s:g} s")
-        self._answer(
-            entry, _failed(entry.task.id, tasks.failure_of(timeout, Failure.TIMED_OUT))
-        )
+        failure = tasks.failure_of(timeout, grpc.StatusCode.DEADLINE_EXCEEDED)
+        self._answer(entry, _failed(entry.task.id, failure))
 
     def _answer(self, entry: _Entry, result: Result | None) -> None:
         """Settle a task once: send ``result`` (None: nobody to send it to)."""
@@ -211,11 +218,13 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
         self._on_change()
 
 
-async def _run_coroutine(fn: Callable[..., Any], task: Task) -> Result:
+async def _run_coroutine(
+    fn: Callable[..., Any], task: Task, max_args_bytes: int
+) -> Result:
     try:
-        args, kwargs = tasks.load_call(task.args)
+        args, kwargs = tasks.load_call(task.args, max_args_bytes)
     except tasks.BadTask as exc:
-        return _failed(task.id, tasks.failure_of(exc, Failure.BAD_REQUEST))
+        return _failed(task.id, tasks.failure_of(exc, remote=False))
     try:
         value = await fn(*args, **kwargs)
         return Result(id=task.id, value=tasks.dump_value(value))
@@ -225,11 +234,11 @@ async def _run_coroutine(fn: Callable[..., Any], task: Task) -> Result:
         return _failed(task.id, tasks.failure_of(exc))
 
 
-def _run_plain(fn: Callable[..., Any], task: Task) -> Result:
+def _run_plain(fn: Callable[..., Any], task: Task, max_args_bytes: int) -> Result:
     try:
-        args, kwargs = tasks.load_call(task.args)
+        args, kwargs = tasks.load_call(task.args, max_args_bytes)
     except tasks.BadTask as exc:
-        return _failed(task.id, tasks.failure_of(exc, Failure.BAD_REQUEST))
+        return _failed(task.id, tasks.failure_of(exc, remote=False))
     try:
         return Result(id=task.id, value=tasks.dump_value(fn(*args, **kwargs)))
     except BaseException as exc:  # a task's SystemExit must not end the worker

@@ -4,8 +4,11 @@ A task names an importable callable as ``"module:qualname"`` and carries
 ``pickle((args, kwargs))``. Its result is a pickled value or a
 :class:`~workers.worker_pb2.Failure` holding the exception pickled (when it
 pickles), its type name, its message and the remote traceback as text.
-:func:`raise_failure` rebuilds the exception in the caller with that text
+:func:`exception_of` rebuilds the exception in the caller with that text
 attached as its ``__cause__``, like ``concurrent.futures.process`` does.
+Every Failure names its condition with a gRPC status code (see
+``proto/workers/worker.proto``); a task that cannot be run as sent raises a
+:class:`BadTask` whose subclass and ``status`` say why.
 
 Unpickling is code execution: only authenticated peers' bytes reach
 :func:`load_call` (see :mod:`workers.auth`). Callers: :mod:`workers.server`
@@ -17,14 +20,17 @@ from __future__ import annotations
 import asyncio
 import importlib
 import inspect
+import math
 import pickle
 import sys
 import traceback
 from collections.abc import Callable
 from functools import cache
-from typing import Any, Final
+from typing import Any, ClassVar, Final
 
-from workers.worker_pb2 import Failure
+import grpc
+
+from workers.worker_pb2 import Failure, Task
 
 MAX_ARGS_BYTES: Final = 64 * 1024 * 1024
 CHUNK_FUNCTION: Final = "workers.tasks:run_chunk"
@@ -35,7 +41,35 @@ class TaskError(Exception):
 
 
 class BadTask(TaskError, ValueError):
-    """A task cannot be run as sent: fix the call, a retry will not help."""
+    """A task cannot be run as sent: fix the call, a retry will not help.
+
+    ``status`` is the gRPC status code that names the condition; this base
+    class is a malformed task (INVALID_ARGUMENT).
+    """
+
+    status: ClassVar[grpc.StatusCode] = grpc.StatusCode.INVALID_ARGUMENT
+
+
+class FunctionNotFound(BadTask):
+    """The task's module does not import, or has no such qualname."""
+
+    status = grpc.StatusCode.NOT_FOUND
+
+
+class NotCallable(BadTask):
+    """The task names something that is not a callable."""
+
+
+class ArgumentsTooLarge(BadTask):
+    """The task's pickled arguments are over the worker's limit."""
+
+    status = grpc.StatusCode.RESOURCE_EXHAUSTED
+
+
+class TaskIdReused(BadTask):
+    """The task's id is already in flight on its stream."""
+
+    status = grpc.StatusCode.ALREADY_EXISTS
 
 
 class RemoteError(TaskError):
@@ -84,22 +118,34 @@ def function_name(fn: Callable[..., Any]) -> str:
 def resolve(name: str) -> Callable[..., Any]:
     """Import the callable ``module:qualname``.
 
-    :raises BadTask: if it does not import or is not callable.
+    :raises BadTask: if ``name`` is not of the form ``module:qualname``.
+    :raises FunctionNotFound: if it does not import.
+    :raises NotCallable: if it is not callable.
     """
     module_name, sep, qualname = name.partition(":")
-    if not sep or not module_name or not qualname:
-        raise BadTask(f"task function {name!r} is not of the form module:qualname")
+    dotted = (module_name.split("."), qualname.split("."))
+    if not sep or not all(part.isidentifier() for names in dotted for part in names):
+        raise BadTask(
+            f"task function {name!r} is not of the form module:qualname "
+            f"(dotted Python names)"
+        )
     try:
         target: Any = importlib.import_module(module_name)
     except ImportError as exc:
-        raise BadTask(f"cannot import module {module_name!r}: {exc}") from None
+        raise FunctionNotFound(f"cannot import module {module_name!r}: {exc}") from None
+    except Exception as exc:  # the module ran and raised: the worker goes on
+        raise FunctionNotFound(
+            f"importing module {module_name!r} raised {type(exc).__name__}: {exc}"
+        ) from None
     for part in qualname.split("."):
         try:
             target = getattr(target, part)
-        except AttributeError:
-            raise BadTask(f"module {module_name!r} has no {qualname!r}") from None
+        except Exception:
+            raise FunctionNotFound(
+                f"module {module_name!r} has no {qualname!r}"
+            ) from None
     if not callable(target):
-        raise BadTask(f"{name!r} is a {type(target).__name__}, not a callable")
+        raise NotCallable(f"{name!r} is a {type(target).__name__}, not a callable")
     return target  # type: ignore[no-any-return]
 
 
@@ -108,14 +154,27 @@ def dump_call(args: tuple[Any, ...], kwargs: dict[str, Any]) -> bytes:
     return pickle.dumps((args, kwargs), protocol=pickle.HIGHEST_PROTOCOL)
 
 
-def load_call(data: bytes) -> tuple[tuple[Any, ...], dict[str, Any]]:
+def check_timeout(task: Task) -> None:
+    """:raises BadTask: unless ``task.timeout_s`` is finite and not negative."""
+    if not (math.isfinite(task.timeout_s) and task.timeout_s >= 0):
+        raise BadTask(
+            f"timeout_s must be a finite number of seconds >= 0 (0: none), "
+            f"got {task.timeout_s}"
+        )
+
+
+def load_call(
+    data: bytes, max_bytes: int = MAX_ARGS_BYTES
+) -> tuple[tuple[Any, ...], dict[str, Any]]:
     """Arguments from wire bytes (an authenticated peer's only).
 
-    :raises BadTask: if they are too large or not a pickled (tuple, dict).
+    :raises ArgumentsTooLarge: if they are over ``max_bytes``.
+    :raises BadTask: if they are not a pickled (tuple, dict).
     """
-    if len(data) > MAX_ARGS_BYTES:
-        raise BadTask(
-            f"arguments are {len(data)} bytes, over the {MAX_ARGS_BYTES} limit"
+    if len(data) > max_bytes:
+        raise ArgumentsTooLarge(
+            f"arguments are {len(data)} bytes, over the worker's limit of "
+            f"{max_bytes}; pass large data by reference (a path, a key)"
         )
     try:
         call = pickle.loads(data)
@@ -139,10 +198,19 @@ def dump_value(value: Any) -> bytes:
 
 
 def failure_of(
-    exc: BaseException, code: Failure.Code = Failure.RAISED, *, remote: bool = True
+    exc: BaseException,
+    code: grpc.StatusCode | None = None,
+    *,
+    remote: bool = True,
 ) -> Failure:
     """A Failure carrying ``exc``, its type, text and (if ``remote``) its
-    traceback, which the receiving side attaches as the cause."""
+    traceback, which the receiving side attaches as the cause.
+
+    ``code`` defaults to a :class:`BadTask`'s own status, else UNKNOWN (the
+    task raised).
+    """
+    if code is None:
+        code = exc.status if isinstance(exc, BadTask) else grpc.StatusCode.UNKNOWN
     kind = type(exc)
     try:
         pickled = pickle.dumps(exc, protocol=pickle.HIGHEST_PROTOCOL)
@@ -154,7 +222,7 @@ def failure_of(
         message=str(exc),
         traceback="".join(traceback.format_exception(exc)) if remote else "",
         exception=pickled,
-        code=code,
+        code=code.value[0],
     )
 
 
@@ -163,17 +231,34 @@ def cancelled() -> Failure:
     return Failure(
         type="asyncio.CancelledError",
         message="the task was cancelled",
-        code=Failure.CANCELLED,
+        code=grpc.StatusCode.CANCELLED.value[0],
+    )
+
+
+def rejected() -> Failure:
+    """The Failure of a task sent to a draining worker (sent elsewhere)."""
+    return Failure(
+        type="workers.Draining",
+        message="the worker is draining",
+        code=grpc.StatusCode.UNAVAILABLE.value[0],
     )
 
 
 def id_reused(task_id: int) -> Failure:
     """The Failure of a task whose id is already in flight on its stream."""
-    return Failure(
-        type="workers.TaskIdReused",
-        message=f"task id {task_id} is already in flight on this stream",
-        code=Failure.BAD_REQUEST,
+    exc = TaskIdReused(
+        f"task id {task_id} is already in flight on this stream; give each "
+        f"task of a stream its own id"
     )
+    return failure_of(exc, remote=False)
+
+
+_STATUS_BY_CODE: Final = {status.value[0]: status for status in grpc.StatusCode}
+
+
+def status_of(failure: Failure) -> grpc.StatusCode:
+    """The gRPC status code a Failure names (UNKNOWN for an unknown one)."""
+    return _STATUS_BY_CODE.get(failure.code, grpc.StatusCode.UNKNOWN)
 
 
 def exception_of(failure: Failure) -> BaseException:

@@ -1,5 +1,4 @@
 from google.protobuf.internal import containers as _containers
-from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
 from collections.abc import Iterable as _Iterable, Mapping as _Mapping
@@ -21,18 +20,6 @@ class Task(_message.Message):
 
 class Failure(_message.Message):
     __slots__ = ("type", "message", "traceback", "exception", "code")
-    class Code(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
-        __slots__ = ()
-        RAISED: _ClassVar[Failure.Code]
-        BAD_REQUEST: _ClassVar[Failure.Code]
-        TIMED_OUT: _ClassVar[Failure.Code]
-        CANCELLED: _ClassVar[Failure.Code]
-        REJECTED: _ClassVar[Failure.Code]
-    RAISED: Failure.Code
-    BAD_REQUEST: Failure.Code
-    TIMED_OUT: Failure.Code
-    CANCELLED: Failure.Code
-    REJECTED: Failure.Code
     TYPE_FIELD_NUMBER: _ClassVar[int]
     MESSAGE_FIELD_NUMBER: _ClassVar[int]
     TRACEBACK_FIELD_NUMBER: _ClassVar[int]
@@ -42,8 +29,8 @@ class Failure(_message.Message):
     message: str
     traceback: str
     exception: bytes
-    code: Failure.Code
-    def __init__(self, type: _Optional[str] = ..., message: _Optional[str] = ..., traceback: _Optional[str] = ..., exception: _Optional[bytes] = ..., code: _Optional[_Union[Failure.Code, str]] = ...) -> None: ...
+    code: int
+    def __init__(self, type: _Optional[str] = ..., message: _Optional[str] = ..., traceback: _Optional[str] = ..., exception: _Optional[bytes] = ..., code: _Optional[int] = ...) -> None: ...
 
 class Result(_message.Message):
     __slots__ = ("id", "value", "failure")

@@ -1,0 +1,201 @@
+"""Hostile requests to a live pool: each bad task is answered alone with its
+precise gRPC status, and the worker and dispatcher go on serving."""
+
+from __future__ import annotations
+
+import pickle
+import threading
+
+import grpc
+import pytest
+
+from discovery import list_workers
+from pool import Client
+from pool.dispatcher_pb2 import Submission, SubmissionBatch
+from tests import sample_tasks
+from tests.helpers import wait_until
+from tests.pools import running_pool
+from tests.rpc import (
+    ASYNC_NAP,
+    SQUARE,
+    call,
+    dispatcher_stub,
+    run,
+    run_one,
+    status,
+    value,
+    worker_stub,
+)
+from workers import tasks
+from workers.worker_pb2 import Task, TaskBatch
+
+pytestmark = pytest.mark.integration
+
+LIMIT = 4096
+S = grpc.StatusCode
+
+# (task, status, an anchored piece of the message)
+BAD_TASKS = [
+    (
+        Task(function=SQUARE, args=b"\x80\x05garbage"),
+        S.INVALID_ARGUMENT,
+        "arguments do not unpickle",
+    ),
+    (
+        Task(function=SQUARE, args=pickle.dumps([1, 2])),
+        S.INVALID_ARGUMENT,
+        "arguments must be a pickled (tuple, dict)",
+    ),
+    (Task(function=SQUARE, args=b""), S.INVALID_ARGUMENT, "arguments do not unpickle"),
+    (
+        Task(function="no_such_module:f", args=call()),
+        S.NOT_FOUND,
+        "cannot import module 'no_such_module'",
+    ),
+    (
+        Task(function="os:no_such_name", args=call()),
+        S.NOT_FOUND,
+        "module 'os' has no 'no_such_name'",
+    ),
+    (
+        Task(function="tests.sample_tasks:NOT_CALLABLE", args=call()),
+        S.INVALID_ARGUMENT,
+        "is a int, not a callable",
+    ),
+    (
+        Task(function="square", args=call(2)),
+        S.INVALID_ARGUMENT,
+        "is not of the form module:qualname",
+    ),
+    (
+        Task(function="..os:getpid", args=call()),
+        S.INVALID_ARGUMENT,
+        "is not of the form module:qualname",
+    ),
+    (
+        Task(function="o\x00s:getpid", args=call()),
+        S.INVALID_ARGUMENT,
+        "is not of the form module:qualname",
+    ),
+    (
+        Task(function=SQUARE, args=call(b"x" * LIMIT)),
+        S.RESOURCE_EXHAUSTED,
+        f"over the worker's limit of {LIMIT}",
+    ),
+    (
+        Task(function=SQUARE, args=call(2), timeout_s=float("nan")),
+        S.INVALID_ARGUMENT,
+        "timeout_s must be a finite number",
+    ),
+    (
+        Task(function=SQUARE, args=call(2), timeout_s=float("inf")),
+        S.INVALID_ARGUMENT,
+        "timeout_s must be a finite number",
+    ),
+    (
+        Task(function=SQUARE, args=call(2), timeout_s=-1.0),
+        S.INVALID_ARGUMENT,
+        "timeout_s must be a finite number",
+    ),
+    (Task(function="tests.sample_tasks:fail", args=call("boom")), S.UNKNOWN, "boom"),
+]
+
+
+@pytest.mark.timeout(90)
+def test_each_bad_task_gets_its_status_and_the_rest_run(namespace: str) -> None:
+    """One batch mixes every kind of bad task with good ones: each bad one
+    gets its own status and message, each good one its result, on the same
+    stream; a client through the dispatcher sees the same errors, typed."""
+    with running_pool(namespace, "--workers", "1", "--max-args-bytes", str(LIMIT)):
+        with worker_stub(namespace) as (stub, metadata):
+            batch = TaskBatch()
+            for i, (task, _, _) in enumerate(BAD_TASKS):
+                batch.tasks.append(task)
+                batch.tasks[-1].id = 2 * i
+                batch.tasks.add(id=2 * i + 1, function=SQUARE, args=call(i))
+            answers = run(stub, metadata, [batch])
+            assert sorted(answers) == list(range(2 * len(BAD_TASKS)))
+            for i, (_, code, message) in enumerate(BAD_TASKS):
+                (bad,), (good,) = answers[2 * i], answers[2 * i + 1]
+                assert status(bad) == code, (i, bad.failure)
+                assert message in bad.failure.message
+                assert value(good) == i * i
+        with Client(namespace) as client:
+            with pytest.raises(tasks.FunctionNotFound) as raised:
+                client.submit("no_such_module:f").result(timeout=30)
+            assert raised.value.status == S.NOT_FOUND
+            with pytest.raises(tasks.ArgumentsTooLarge, match="limit of 4096"):
+                client.submit(sample_tasks.square, b"x" * LIMIT).result(timeout=30)
+            assert client.submit(sample_tasks.square, 7).result(timeout=30) == 49
+
+
+@pytest.mark.timeout(60)
+def test_task_id_reused_in_flight_is_already_exists(namespace: str) -> None:
+    """A task id sent again while the first is in flight is refused with
+    ALREADY_EXISTS, on the worker and on the dispatcher, and the first
+    task still finishes."""
+    with running_pool(namespace, "--workers", "1"):
+        with worker_stub(namespace) as (stub, metadata):
+            first = Task(id=7, function=ASYNC_NAP, args=call(0.3))
+            again = Task(id=7, function=SQUARE, args=call(3))
+            (refused, finished) = run(
+                stub, metadata, [TaskBatch(tasks=[first, again])]
+            )[7]
+            assert status(refused) == S.ALREADY_EXISTS
+            assert "task id 7 is already in flight" in refused.failure.message
+            assert value(finished) == 0.3
+        with dispatcher_stub(namespace) as (dispatcher, metadata):
+            batch = SubmissionBatch(
+                submissions=[Submission(task=first), Submission(task=again)]
+            )
+            answers = [
+                r
+                for b in dispatcher.SubmitStream(
+                    iter([batch]), metadata=metadata, timeout=30
+                )
+                for r in b.results
+            ]
+            assert [status(answers[0]), value(answers[1])] == [S.ALREADY_EXISTS, 0.3]
+
+
+@pytest.mark.timeout(60)
+def test_client_that_disconnects_mid_stream_leaves_nothing_running(
+    namespace: str,
+) -> None:
+    """A caller that hangs up with tasks in flight, on a worker or on the
+    dispatcher, has its tasks cancelled; both go on serving others."""
+    with running_pool(namespace, "--workers", "1", "--concurrency", "2"):
+        hang_up = threading.Event()
+
+        def batches(batch: object) -> object:
+            yield batch
+            hang_up.wait(30)  # keep the stream open until the test hangs up
+
+        naps = [Task(id=i, function=ASYNC_NAP, args=call(30.0)) for i in range(4)]
+        with worker_stub(namespace) as (stub, metadata):
+            stream = stub.Run(batches(TaskBatch(tasks=naps)), metadata=metadata)
+            wait_until(lambda: _running(namespace) == 4)
+            stream.cancel()
+            wait_until(lambda: _running(namespace) == 0)
+            assert (
+                value(
+                    run_one(stub, metadata, Task(id=1, function=SQUARE, args=call(4)))
+                )
+                == 16
+            )
+        with dispatcher_stub(namespace) as (dispatcher, metadata):
+            submissions = SubmissionBatch(
+                submissions=[Submission(task=t) for t in naps]
+            )
+            stream = dispatcher.SubmitStream(batches(submissions), metadata=metadata)
+            wait_until(lambda: _running(namespace) == 4)
+            stream.cancel()
+            wait_until(lambda: _running(namespace) == 0)
+        hang_up.set()
+        with Client(namespace) as client:
+            assert client.submit(sample_tasks.square, 5).result(timeout=30) == 25
+
+
+def _running(namespace: str) -> int:
+    """Tasks running on the namespace's workers, as they last published."""
+    return sum(int(w.extra.get("running", "0")) for w in list_workers(namespace))

@@ -1,0 +1,72 @@
+"""Raw gRPC calls to a running pool's workers and dispatcher, for tests that
+send what pool.Client never would."""
+
+from __future__ import annotations
+
+import pickle
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import grpc
+
+from discovery import list_workers
+from pool.client import locate
+from pool.dispatcher_pb2_grpc import DispatcherStub
+from workers import auth, tasks
+from workers.lifecycle import GRPC_OPTIONS
+from workers.worker_pb2 import Result, Task, TaskBatch
+from workers.worker_pb2_grpc import WorkerStub
+
+SQUARE = "tests.sample_tasks:square"
+ASYNC_NAP = "tests.sample_tasks:async_nap"
+
+
+def call(*args: Any, **kwargs: Any) -> bytes:
+    """The wire bytes of a call's arguments."""
+    return tasks.dump_call(args, kwargs)
+
+
+def value(result: Result) -> Any:
+    assert result.HasField("value"), result.failure
+    return pickle.loads(result.value)
+
+
+def status(result: Result) -> grpc.StatusCode:
+    assert result.HasField("failure"), result
+    return tasks.status_of(result.failure)
+
+
+@contextmanager
+def worker_stub(namespace: str) -> Iterator[tuple[WorkerStub, Any]]:
+    """A stub of the namespace's first worker and the token's metadata."""
+    worker = list_workers(namespace)[0]
+    metadata = auth.call_metadata(auth.read_token(namespace))
+    with grpc.insecure_channel(worker.address, options=GRPC_OPTIONS) as channel:
+        yield WorkerStub(channel), metadata  # type: ignore[no-untyped-call]
+
+
+@contextmanager
+def dispatcher_stub(namespace: str) -> Iterator[tuple[DispatcherStub, Any]]:
+    """A stub of the namespace's dispatcher and the token's metadata."""
+    address, token = locate(namespace)
+    metadata = auth.call_metadata(token)
+    with grpc.insecure_channel(address, options=GRPC_OPTIONS) as channel:
+        yield DispatcherStub(channel), metadata  # type: ignore[no-untyped-call]
+
+
+def run(
+    stub: WorkerStub, metadata: Any, batches: Iterable[TaskBatch]
+) -> dict[int, list[Result]]:
+    """Send the batches on one Run stream; every answer, by task id."""
+    answers: dict[int, list[Result]] = {}
+    for batch in stub.Run(iter(list(batches)), metadata=metadata, timeout=30):
+        for result in batch.results:
+            answers.setdefault(result.id, []).append(result)
+    return answers
+
+
+def run_one(stub: WorkerStub, metadata: Any, task: Task) -> Result:
+    """One task on its own stream, and its only answer."""
+    (answer,) = run(stub, metadata, [TaskBatch(tasks=[task])])[task.id]
+    return answer
