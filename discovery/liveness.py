@@ -19,7 +19,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from functools import cache
 from pathlib import Path
 from typing import Self
@@ -148,7 +148,7 @@ class PidWatch:
         except ProcessLookupError:
             loop.call_soon(on_exit)  # gone already
             return None
-        except OSError:
+        except (OSError, OverflowError):  # not a pid we can watch: poll it
             return None
         loop.add_reader(fd, on_exit)
         return cls(fd, loop)
@@ -188,22 +188,45 @@ class Reaper:
             return False  # reaped (or reused) already
         if is_alive(self._namespace, uid):
             return False
-        if self._lock is None:
-            self._lock = RegistryLock(self._namespace)
-        with self._lock.hold_if_free() as held:
+        with self._hold() as held:
             if not held:
                 return None
             read = registry.read_slot(index)
-            reaped = not registry.closed and read is not None and read.uid == uid
-            if reaped:
+            reaped = not registry.closed and (
+                registry.repair(index) or (read is not None and read.uid == uid)
+            )
+            if reaped and read is not None:
                 registry.write_slot(index, None, b"")
-            generation = registry.generation
         forget(self._namespace, uid)
         if reaped:
-            if self._notifier is None:
-                self._notifier = Notifier(self._namespace)
-            self._notifier.notify(generation)
+            self._notify()
         return reaped
+
+    def repair(self, index: int) -> bool | None:
+        """Clear slot ``index`` if its writer died in the middle of a write.
+
+        :returns: True if this call cleared it, False if it is not torn, None
+            if the registry lock is busy (a write may be under way).
+        """
+        with self._hold() as held:
+            if not held:
+                return None
+            repaired = not self._registry.closed and self._registry.repair(index)
+        if repaired:
+            self._notify()
+        return repaired
+
+    @contextlib.contextmanager
+    def _hold(self) -> Iterator[bool]:
+        if self._lock is None:
+            self._lock = RegistryLock(self._namespace)
+        with self._lock.hold_if_free() as held:
+            yield held
+
+    def _notify(self) -> None:
+        if self._notifier is None:
+            self._notifier = Notifier(self._namespace)
+        self._notifier.notify(self._registry.generation)
 
     def close(self) -> None:
         """Close the lock and notification files. Never raises."""

@@ -74,6 +74,7 @@ SLOT_HEADER_BYTES: Final = _SLOT.size
 _RING_GEN_MASK: Final = (1 << 40) - 1
 _RING_SLOT_MASK: Final = (1 << 24) - 1
 _NULL_UID: Final = bytes(16)
+_U64_MASK: Final = (1 << 64) - 1
 
 STATE_OPEN: Final = 1
 STATE_CLOSED: Final = 2
@@ -284,9 +285,10 @@ class Registry:
         slots = []
         for gen in range(since + 1, now + 1):
             entry = _U64.unpack_from(view, _HEADER_SIZE + gen % ring * 8)[0]
-            if entry >> 24 != gen & _RING_GEN_MASK:
-                return now, None
-            slots.append(entry & _RING_SLOT_MASK)
+            slot = entry & _RING_SLOT_MASK
+            if entry >> 24 != gen & _RING_GEN_MASK or slot >= self.capacity:
+                return now, None  # overwritten, or not written by us
+            slots.append(slot)
         if self.generation - since > ring:  # lapped while we read the ring
             return now, None
         return now, slots
@@ -294,7 +296,8 @@ class Registry:
     # -- slots: readers ----------------------------------------------------
 
     def slot_version(self, index: int) -> int:
-        """The slot's seqlock version (odd while a write is under way)."""
+        """The slot's seqlock version: odd while a write is under way, and
+        left odd by a writer that died mid-write (see :meth:`repair`)."""
         offset = self._slots_at + index * self._stride
         return int(_U64.unpack_from(self._view, offset)[0])
 
@@ -348,13 +351,24 @@ class Registry:
         _U64.pack_into(view, offset, version + 1)
         self._bump(index)
 
+    def repair(self, index: int) -> bool:
+        """Clear the slot if a writer died in the middle of writing it.
+
+        Call with the lock held: no write is under way, so an odd version can
+        only be a writer's that was killed. :returns: whether it was torn.
+        """
+        if not self.slot_version(index) & 1:
+            return False
+        self.write_slot(index, None, b"")
+        return True
+
     def _slot_uid(self, index: int) -> bytes:
         offset = self._slots_at + index * self._stride + 8
         return bytes(self._view[offset : offset + 16])
 
     def _bump(self, index: int) -> None:
         view = self._view
-        generation = self.generation + 1
+        generation = (self.generation + 1) & _U64_MASK  # wraps only if corrupted
         entry = (generation & _RING_GEN_MASK) << 24 | index
         _U64.pack_into(view, _HEADER_SIZE + generation % self.ring_size * 8, entry)
         _U64.pack_into(view, _GENERATION_OFFSET, generation)

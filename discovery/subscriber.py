@@ -16,9 +16,16 @@ long as the stream runs. A stream:
 Events are state transitions: a worker that changes twice between two
 looks is reported once, with its latest info, but never out of order (an
 added before its updates, its drop last), and ``worker-updated`` only when
-the entry's content changed. A slot that fails to decode is skipped with
-one warning and the stream goes on; a slot caught mid-write is read again
-on the next wake-up or poll.
+the entry's content changed.
+
+Nothing in the segment is trusted. A slot that fails to decode is skipped
+with one warning and the stream goes on; a slot caught mid-write is read
+again on the next wake-up, and one still torn at a poll, its writer having
+died mid-write, is cleared under the registry lock. Each poll compares
+every slot's version, whatever the ring says, so a change that was never
+announced is found within a poll interval. A header this version does not
+recognise is reported once and waited out, like a namespace that does not
+exist yet.
 """
 
 from __future__ import annotations
@@ -31,7 +38,7 @@ from typing import Any, Final
 from uuid import UUID
 
 from discovery import paths, watch
-from discovery.errors import NamespaceNotFound
+from discovery.errors import NamespaceNotFound, RegistryCorrupt
 from discovery.info import DiscoveryEvent, WorkerInfo
 from discovery.liveness import PidWatch, Reaper, sweep
 from discovery.registry import Registry, SlotRead
@@ -140,7 +147,8 @@ class _Follower:
         self._pending: set[int] = set()  # slots caught mid-write
         self._reaper: Reaper | None = None
         self._suspects: dict[int, UUID] = {}  # slots whose publisher may be dead
-        self._poll_liveness = False
+        self._poll_tick = False  # the last wait ended by the poll interval
+        self._corrupt_warned = False
 
     def close(self) -> None:
         watch.unwatch(self._handle)
@@ -165,8 +173,9 @@ class _Follower:
         if self._registry is None:
             self._attach()
         if self._registry is not None:
-            self._reap_suspects()
-            events = self._scan()
+            full, self._poll_tick = self._poll_tick, False
+            self._reap_suspects(full)
+            events = self._scan(full)
             if events:
                 return events
         await self._wait()
@@ -181,19 +190,20 @@ class _Follower:
         self._suspects[index] = uid
         self._wake.set()
 
-    def _reap_suspects(self) -> None:
-        if self._poll_liveness:  # a poll tick: test the locks pidfds cannot watch
-            self._poll_liveness = False
+    def _reap_suspects(self, poll_tick: bool) -> None:
+        assert self._registry is not None
+        if self._reaper is None:
+            self._reaper = Reaper(self._namespace, self._registry)
+        if poll_tick:  # test the locks pidfds cannot watch; mend torn slots
             for index, known in self._slots.items():
                 if known.uid is not None and known.death is None:
                     self._suspects.setdefault(index, known.uid)
             registered = {k.uid for k in self._slots.values() if k.uid is not None}
             sweep(self._namespace, registered)
+            for index in self._pending:  # still torn a whole poll interval on
+                self._reaper.repair(index)
         if not self._suspects:
             return
-        assert self._registry is not None
-        if self._reaper is None:
-            self._reaper = Reaper(self._namespace, self._registry)
         suspects, self._suspects = self._suspects, {}
         for index, uid in suspects.items():
             if self._reaper.reap(index, uid) is None:  # the lock was busy
@@ -207,7 +217,7 @@ class _Follower:
             async with asyncio.timeout(self._poll_s):
                 await self._wake.wait()
         except TimeoutError:
-            self._poll_liveness = True
+            self._poll_tick = True
         self._wake.clear()
         self._stats.wakeups += 1
 
@@ -230,15 +240,23 @@ class _Follower:
             self._registry = Registry.attach(self._namespace)
         except NamespaceNotFound:
             return
+        except RegistryCorrupt as exc:  # wait for its owner to replace it
+            if not self._corrupt_warned:
+                self._corrupt_warned = True
+                log.warning("%s; waiting for it to be replaced", exc)
+            return
         self._generation = 0
 
-    def _scan(self) -> list[DiscoveryEvent]:
+    def _scan(self, full: bool) -> list[DiscoveryEvent]:
+        """Read what changed; with ``full``, compare every slot's version."""
         registry = self._registry
         assert registry is not None
         if registry.closed:
             return self._detach()
         generation, changed = registry.changed_slots(self._generation)
-        if generation == self._generation and not self._pending:
+        if full:
+            changed = None
+        elif generation == self._generation and not self._pending:
             return []
         self._stats.scans += 1
         self._generation = generation

@@ -9,22 +9,29 @@ stdout; end of stdin means exit cleanly. Roles:
 - ``attach NS``: attaches as a non-owner and reports its child processes.
 - ``churn NS COUNT``: adds and drops COUNT workers as fast as it can.
 - ``hold NS``: takes a worker's liveness lock, then waits (to be killed).
+- ``die-writing NS PHASE LINE``: publishes a worker (PHASE ``add``) or an
+  update of one it added first (PHASE ``update``) and SIGKILLs itself at
+  line event LINE of the registry's slot write, or after it.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 import os
+import signal
 import sys
 import uuid
+from types import FrameType
 from typing import Any
 
 import uvloop
 
 from discovery import DiscoveryEvent, LocalDiscovery, Publisher, Subscriber, WorkerInfo
 from discovery.liveness import Liveness
+from discovery.registry import Registry
 from tests.helpers import children_of
 
 
@@ -107,6 +114,40 @@ async def hold_and_wait(namespace: str) -> None:
         pass
 
 
+async def die_writing(namespace: str, phase: str, line: int) -> None:
+    """Die by SIGKILL at the ``line``-th line run inside the registry's slot
+    write (a write has fewer: then just after it)."""
+    info = WorkerInfo(uuid.uuid4(), "unix:/torn", os.getpid(), "1", extra={"a": "b"})
+    async with Publisher(namespace) as publisher:
+        if phase == "update":
+            await publisher.publish("worker-added", info)
+        say(kind="ready", uid=str(info.uid))
+        await anext(commands())  # go
+        writing = {Registry.write_slot.__code__, Registry._bump.__code__}
+        lines = 0
+
+        def in_write(frame: FrameType, event: str, arg: object) -> Any:
+            nonlocal lines
+            if event == "line":
+                lines += 1
+                if lines > line:
+                    os.kill(os.getpid(), signal.SIGKILL)
+            return in_write
+
+        def on_call(frame: FrameType, event: str, arg: object) -> Any:
+            return in_write if frame.f_code in writing else None
+
+        sys.settrace(on_call)
+        if phase == "add":
+            await publisher.publish("worker-added", info)
+        else:
+            await publisher.publish(
+                "worker-updated", dataclasses.replace(info, extra={})
+            )
+        sys.settrace(None)
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
 async def churn(namespace: str, count: int) -> None:
     async with Publisher(namespace) as publisher:
         say(kind="ready", pid=os.getpid())
@@ -132,6 +173,8 @@ def main() -> None:
             coro = hold_and_wait(namespace)
         case "churn":
             coro = churn(namespace, int(rest[0]))
+        case "die-writing":
+            coro = die_writing(namespace, rest[0], int(rest[1]))
         case _:
             raise SystemExit(f"unknown role {role!r}")
     try:

@@ -8,7 +8,7 @@ import os
 import struct
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
-from contextlib import asynccontextmanager, contextmanager
+from contextlib import asynccontextmanager, contextmanager, suppress
 from typing import Any
 
 from discovery import DiscoveryEvent, Subscriber, WorkerInfo
@@ -45,6 +45,30 @@ async def events_until(
         seen.append(event)
     assert event.type == "worker-added"
     return seen
+
+
+@asynccontextmanager
+async def collecting(
+    subscriber: Subscriber,
+) -> AsyncIterator[list[DiscoveryEvent]]:
+    """The events of a stream of ``subscriber``, gathered in the background
+    into the list yielded; on exit the stream is closed, and whatever it
+    raised is raised."""
+    events: list[DiscoveryEvent] = []
+
+    async def gather() -> None:
+        async for event in subscriber:
+            events.append(event)
+
+    task = asyncio.create_task(gather())
+    try:
+        yield events
+    finally:
+        if task.done():
+            task.result()  # raises what the stream raised
+        task.cancel()
+        with suppress(asyncio.CancelledError):
+            await task
 
 
 def make_info(**fields: Any) -> WorkerInfo:
@@ -98,6 +122,32 @@ class RawWriter:
             torn = offset + SLOT_HEADER_BYTES
             registry._view[torn : torn + 8] = b"\xff" * 8
         self.notifier.notify(registry.generation)
+
+    def slot_offset(self, index: int) -> int:
+        """Where slot ``index`` starts in the segment."""
+        return self.registry._slots_at + index * self.registry._stride
+
+    def poke(self, offset: int, data: bytes) -> None:
+        """Overwrite bytes anywhere in the segment, announcing nothing."""
+        self.registry._view[offset : offset + len(data)] = data
+
+    def corrupt(self, index: int, at: int, data: bytes) -> None:
+        """Overwrite bytes of slot ``index`` from its byte ``at`` on and
+        announce it as a (broken) writer would: a new even version unless
+        the bytes hit the version itself, a new generation, a notification."""
+        registry = self.registry
+        offset = self.slot_offset(index)
+        with self.lock.hold():
+            version = registry.slot_version(index)
+            self.poke(offset + at, data[: registry._stride - at])
+            if at >= 8:
+                struct.pack_into("<Q", registry._view, offset, version + 2)
+            registry._bump(index)
+        self.notifier.notify(registry.generation)
+
+    def snapshot(self) -> bytes:
+        """Every byte of the segment."""
+        return bytes(self.registry._view)
 
     def close(self) -> None:
         self.registry.close()
