@@ -29,6 +29,7 @@ import portalocker
 from grpc import aio
 
 from discovery import LocalDiscovery, Subscriber, paths, reclaim
+from pool.children import Spawned, spawn
 from pool.client import ADDRESS_FILE
 from pool.dispatcher_pb2 import WorkerExit
 from pool.dispatcher_pb2_grpc import DispatcherStub
@@ -53,7 +54,7 @@ class Child:
 
     name: str
     argv: list[str]
-    process: asyncio.subprocess.Process | None = None
+    process: Spawned | None = None
     ready: dict[str, Any] = field(default_factory=dict)
     started_at: float = 0.0
     failures: int = 0
@@ -190,15 +191,8 @@ class Supervisor:
         child.ready = {}
         ready_read, ready_write = os.pipe()
         try:
-            process = await asyncio.create_subprocess_exec(
-                sys.executable,
-                *child.argv,
-                "--ready-fd",
-                str(ready_write),
-                stdin=asyncio.subprocess.DEVNULL,
-                pass_fds=(ready_write,),
-                start_new_session=True,
-            )
+            argv = [sys.executable, *child.argv, "--ready-fd", str(ready_write)]
+            process = spawn(argv, pass_fds=(ready_write,))
         finally:
             os.close(ready_write)
         child.process, child.started_at = process, time.monotonic()
@@ -300,9 +294,7 @@ class Supervisor:
             ) from None
 
 
-async def _read_ready(
-    fd: int, process: asyncio.subprocess.Process, name: str
-) -> dict[str, Any]:
+async def _read_ready(fd: int, process: Spawned, name: str) -> dict[str, Any]:
     """The READY line a child writes to ``fd`` (which this closes)."""
     loop = asyncio.get_running_loop()
     reader = asyncio.StreamReader()
@@ -325,13 +317,12 @@ async def _read_ready(
 
 
 async def _terminate(
-    processes: list[asyncio.subprocess.Process], grace_s: float, kill_now: asyncio.Event
+    processes: list[Spawned], grace_s: float, kill_now: asyncio.Event
 ) -> None:
     """SIGTERM, wait up to ``grace_s`` (or until ``kill_now``), SIGKILL, reap."""
     alive = [p for p in processes if p.returncode is None]
     for process in alive:
-        with contextlib.suppress(ProcessLookupError):
-            process.send_signal(signal.SIGTERM)
+        process.send_signal(signal.SIGTERM)
     exited = asyncio.ensure_future(asyncio.gather(*(p.wait() for p in alive)))
     hurry = asyncio.ensure_future(kill_now.wait())
     pending: set[asyncio.Future[Any]] = {exited, hurry}
@@ -341,10 +332,8 @@ async def _terminate(
     await exited
 
 
-async def _kill(process: asyncio.subprocess.Process) -> None:
-    if process.returncode is None:
-        with contextlib.suppress(ProcessLookupError):
-            process.kill()
+async def _kill(process: Spawned) -> None:
+    process.kill()
     await process.wait()
 
 

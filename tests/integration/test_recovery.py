@@ -6,6 +6,8 @@ import os
 import random
 import re
 import signal
+import subprocess
+import sys
 import threading
 
 import pytest
@@ -13,7 +15,7 @@ import pytest
 from discovery import list_workers, paths
 from pool import Client, Pool, WorkerLost
 from tests import sample_tasks
-from tests.helpers import wait_until
+from tests.helpers import ROOT, wait_until
 from tests.pools import RunningPool, processes_mentioning, running_pool
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
@@ -113,3 +115,23 @@ def test_worker_killed_while_the_pool_starts_is_retried(namespace: str) -> None:
             assert client.submit(sample_tasks.square, 8).result(timeout=30) == 64
     finally:
         pool.close()
+
+
+@pytest.mark.timeout(120)
+def test_children_start_cleanly_in_a_program_that_imported_grpc_first() -> None:
+    """An embedded pool in a program that imported grpc before pool (so gRPC
+    registered its fork handlers) replaces 64 killed workers, and no child
+    crashes between its start and its exec.
+
+    Regression: children spawned through the event loop's fork ran gRPC's
+    fork handlers and some died of SIGSEGV before they could exec."""
+    run = subprocess.run(
+        [sys.executable, "-X", "faulthandler", "-m", "tests.grpc_first"],
+        capture_output=True,
+        text=True,
+        timeout=110,
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
+    assert "Fatal Python error" not in run.stderr, run.stderr[-3000:]
+    assert run.returncode == 0 and run.stdout.strip() == "replaced 64", run.stderr
