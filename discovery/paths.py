@@ -62,8 +62,13 @@ def namespace_key(namespace: str) -> str:
 
 
 def segment_name(namespace: str) -> str:
-    """The shared-memory segment name of a namespace (``shmp-<hash>``)."""
-    return namespace_key(namespace)
+    """The shared-memory segment name of this user's namespace (``shmp-<hash>``).
+
+    /dev/shm is shared by every user: the hash covers the user id as well,
+    so one user's namespace never meets, or squats, another's of the same name.
+    """
+    name = f"{os.geteuid()}:{validate_namespace(namespace)}"
+    return f"{SEGMENT_PREFIX}{hashlib.sha256(name.encode()).hexdigest()[:24]}"
 
 
 def runtime_dir() -> Path:

@@ -174,6 +174,10 @@ class Registry:
             fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC)
         except FileNotFoundError:
             raise NamespaceNotFound(namespace) from None
+        except PermissionError:
+            raise UnsafeRuntimeDirectory(
+                path, "another user owns it", "use a namespace of your own"
+            ) from None
         try:
             _check_segment_owner(path, fd)
             if os.fstat(fd).st_size < _HEADER_SIZE:

@@ -271,8 +271,8 @@ class Router:
         if job is None:
             return  # already requeued elsewhere
         job.link = None
-        failure = result.failure if result.HasField("failure") else None
-        if failure is not None and tasks.status_of(failure) == grpc.StatusCode.UNAVAILABLE:
+        failed = result.HasField("failure")
+        if failed and tasks.status_of(result.failure) == grpc.StatusCode.UNAVAILABLE:
             self.queue.appendleft(job)  # the worker is draining
         else:
             link.done += 1

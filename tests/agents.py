@@ -5,10 +5,11 @@ stdout; end of stdin means exit cleanly. Roles:
 
 - ``publish NS [--create]``: publishes add/update/drop commands (creating
   the namespace first with ``--create``).
-- ``subscribe NS``: prints every event of the namespace.
+- ``subscribe NS [POLL_S]``: prints every event of the namespace.
 - ``attach NS``: attaches as a non-owner and reports its child processes.
 - ``churn NS COUNT``: adds and drops COUNT workers as fast as it can.
 - ``hold NS``: takes a worker's liveness lock, then waits (to be killed).
+- ``hold-lock NS``: takes the registry lock, then waits (to be stopped).
 - ``die-writing NS PHASE LINE``: publishes a worker (PHASE ``add``) or an
   update of one it added first (PHASE ``update``) and SIGKILLs itself at
   line event LINE of the registry's slot write, or after it.
@@ -31,7 +32,7 @@ import uvloop
 
 from discovery import DiscoveryEvent, LocalDiscovery, Publisher, Subscriber, WorkerInfo
 from discovery.liveness import Liveness
-from discovery.registry import Registry
+from discovery.registry import Registry, RegistryLock
 from tests.helpers import children_of
 
 
@@ -84,8 +85,8 @@ async def publish(namespace: str, create: bool) -> None:
                     say(kind="ok")
 
 
-async def subscribe(namespace: str) -> None:
-    stream = Subscriber(namespace, poll_interval=5.0).__aiter__()
+async def subscribe(namespace: str, poll_interval_s: float) -> None:
+    stream = Subscriber(namespace, poll_interval=poll_interval_s).__aiter__()
     say(kind="ready", pid=os.getpid())
     async for event in stream:
         say(**event_json(event))
@@ -148,6 +149,16 @@ async def die_writing(namespace: str, phase: str, line: int) -> None:
         os.kill(os.getpid(), signal.SIGKILL)
 
 
+async def hold_lock(namespace: str) -> None:
+    """Hold the registry lock until told to stop (or stopped for good)."""
+    lock = RegistryLock(namespace)
+    with lock.hold():
+        say(kind="ready", pid=os.getpid())
+        async for _ in commands():
+            pass
+    lock.close()
+
+
 async def churn(namespace: str, count: int) -> None:
     async with Publisher(namespace) as publisher:
         say(kind="ready", pid=os.getpid())
@@ -166,7 +177,9 @@ def main() -> None:
         case "publish":
             coro = publish(namespace, "--create" in rest)
         case "subscribe":
-            coro = subscribe(namespace)
+            coro = subscribe(namespace, float(rest[0]) if rest else 5.0)
+        case "hold-lock":
+            coro = hold_lock(namespace)
         case "attach":
             coro = attach(namespace)
         case "hold":

@@ -11,7 +11,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Any
@@ -73,10 +73,10 @@ class LineReader:
 class Agent:
     """A child Python process that speaks JSON lines on stdin and stdout."""
 
-    def __init__(self, *args: str) -> None:
+    def __init__(self, *args: str, prefix: Sequence[str] = ()) -> None:
         env = {**os.environ, "PYTHONPATH": str(ROOT)}
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "tests.agents", *args],
+            [*prefix, sys.executable, "-m", "tests.agents", *args],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
@@ -136,9 +136,10 @@ class Agent:
 
 
 @contextmanager
-def agent(*args: str) -> Iterator[Agent]:
-    """An agent that is stopped, or killed, whatever the test does."""
-    a = Agent(*args)
+def agent(*args: str, prefix: Sequence[str] = ()) -> Iterator[Agent]:
+    """An agent (run under the command ``prefix``, if any) that is stopped,
+    or killed, whatever the test does."""
+    a = Agent(*args, prefix=prefix)
     try:
         yield a
     finally:

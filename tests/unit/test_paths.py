@@ -35,9 +35,8 @@ def test_namespace_is_hashed_into_names() -> None:
     """Segment and directory names carry a hash, never the raw name."""
     name = "My.pool-1_" + "z" * 54
     assert len(name) == 64 and paths.validate_namespace(name) == name
-    key = paths.segment_name(name)
-    assert key.startswith("shmp-") and "My" not in key and len(key) == 29
-    assert paths.namespace_dir(name, create=False).name == key
+    for key in paths.segment_name(name), paths.namespace_dir(name, create=False).name:
+        assert key.startswith("shmp-") and "My" not in key and len(key) == 29
 
 
 def test_runtime_dir_is_private() -> None:
