@@ -117,7 +117,9 @@ class Registry:
     def __init__(self, namespace: str, fd: int, created: bool) -> None:
         self.namespace = namespace
         self.created = created
-        size = os.fstat(fd).st_size
+        st = os.fstat(fd)
+        self._identity = (st.st_dev, st.st_ino)
+        size = st.st_size
         try:
             self._mmap = mmap.mmap(fd, size)
         finally:
@@ -241,6 +243,15 @@ class Registry:
                 self._mmap.close()
             except (BufferError, ValueError):  # pragma: no cover - defensive
                 log.warning("registry of %r: mapping still exported", self.namespace)
+
+    def replaced(self) -> bool:
+        """True if the namespace's segment name no longer leads to this
+        mapping: its owner died and a new owner reclaimed the namespace."""
+        try:
+            st = os.stat(paths.SHM_DIR / paths.segment_name(self.namespace))
+        except FileNotFoundError:
+            return True
+        return (st.st_dev, st.st_ino) != self._identity
 
     def unlink(self) -> None:
         """Remove the segment name (the creator only). Never raises."""

@@ -10,8 +10,9 @@ long as the stream runs. A stream:
    notification file, and also polls, so it may start before anything else;
 2. reads the whole registry once, then on each wake-up only the slots whose
    change it has not seen (the registry's ring; see :mod:`registry`);
-3. when the owner closes the namespace, reports every known worker dropped
-   and goes back to waiting.
+3. when the owner closes the namespace, or a new owner replaces the segment
+   of a dead one, reports every known worker dropped and goes back to
+   waiting.
 
 Events are state transitions: a worker that changes twice between two
 looks is reported once, with its latest info, but never out of order (an
@@ -253,6 +254,10 @@ class _Follower:
         assert registry is not None
         if registry.closed:
             return self._detach()
+        # The namespace's directory went (a new owner reclaiming a dead one's
+        # files), or a poll: is the segment still the one mapped here?
+        if (full or not watch.alive(self._handle)) and registry.replaced():
+            return self._detach()
         generation, changed = registry.changed_slots(self._generation)
         if full:
             changed = None
@@ -281,7 +286,7 @@ class _Follower:
         return self._apply(reads)
 
     def _detach(self) -> list[DiscoveryEvent]:
-        """The owner closed the namespace: everything known is dropped."""
+        """The namespace closed or was replaced: everything known is dropped."""
         events = [
             DiscoveryEvent("worker-dropped", known.info)
             for known in self._slots.values()

@@ -1,0 +1,139 @@
+"""Leaks under churn: start a pool, kill random parts of it, start again.
+
+CI runs a few cycles; the full soak is ``SHMP_SOAK_CYCLES=200 python -m
+pytest tests/integration/test_soak.py`` (``SHMP_SOAK_SEED`` replays one).
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import re
+import signal
+from contextlib import suppress
+from pathlib import Path
+
+import pytest
+
+from discovery import list_workers, paths
+from pool import Client
+from tests import sample_tasks
+from tests.helpers import Agent, agent, wait_until
+from tests.pools import RunningPool, processes_mentioning
+
+CYCLES = int(os.environ.get("SHMP_SOAK_CYCLES", "6"))
+SEED = int(os.environ.get("SHMP_SOAK_SEED", random.randrange(1 << 32)))
+VICTIMS = ["worker", "workers", "dispatcher", "supervisor", "everything", "nothing"]
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+
+def _fds(pid: int) -> list[str]:
+    """What the process's open descriptors lead to (pipes and sockets by
+    kind only)."""
+    found = []
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        with suppress(OSError):
+            found.append(re.sub(r":\[\d+\]$", "", os.readlink(f"/proc/{pid}/fd/{fd}")))
+    return sorted(found)
+
+
+def _clean_pool(namespace: str) -> None:
+    """Start a pool (reclaiming whatever a dead one left) and drain it."""
+    pool = RunningPool(namespace, "--workers", "1")
+    try:
+        pool.wait_for("ready ")
+        assert pool.stop(signal.SIGINT) == 0
+    finally:
+        pool.close()
+    wait_until(lambda: not paths.namespace_dir(namespace, create=False).exists())
+
+
+def _dispatcher_pid(pool: RunningPool) -> int:
+    started = [s for s in pool.lines.seen if s.startswith("dispatcher-started ")]
+    return int(started[-1].split("pid=")[1])
+
+
+def _kill(pool: RunningPool, victim: str, rng: random.Random) -> None:
+    """SIGKILL ``victim``: a part of the running pool."""
+    workers = [w.pid for w in list_workers(pool.namespace)]
+    pids = {
+        "worker": [rng.choice(workers)],
+        "workers": workers,
+        "dispatcher": [_dispatcher_pid(pool)],
+        "supervisor": [pool.proc.pid],
+        "everything": [pool.proc.pid, _dispatcher_pid(pool), *workers],
+        "nothing": [],
+    }[victim]
+    for pid in pids:
+        os.kill(pid, signal.SIGKILL)
+
+
+def _until_added(subscriber: Agent, uids: set[str]) -> None:
+    """Read the subscriber's events until it has reported each of ``uids``."""
+    while uids:
+        event = subscriber.expect("event", timeout_s=15)
+        if event["type"] == "worker-added":
+            uids.discard(event["uid"])
+
+
+def _until_dropped(subscriber: Agent) -> None:
+    """Read the subscriber's events until one worker was added and dropped."""
+    while subscriber.expect("event", timeout_s=15)["type"] != "worker-dropped":
+        pass
+
+
+def _cycle(namespace: str, subscriber: Agent, rng: random.Random) -> str:
+    """One pool's life: start, serve, lose a random part, stop or be gone."""
+    pool = RunningPool(namespace, "--workers", "2")
+    try:
+        pool.wait_for("ready ")
+        _until_added(subscriber, {str(w.uid) for w in list_workers(namespace)})
+        if rng.random() < 0.5:
+            with Client(namespace) as client:
+                assert client.submit(sample_tasks.square, 6).result(timeout=30) == 36
+        victim = rng.choice(VICTIMS)
+        _kill(pool, victim, rng)
+        if victim in {"supervisor", "everything"}:
+            assert pool.proc.wait(10) == -signal.SIGKILL
+        elif rng.random() < 0.5:
+            assert pool.stop(signal.SIGINT) == 0  # drain what is left
+        else:
+            pool.stop(signal.SIGKILL)
+        others = {pool.proc.pid, subscriber.pid}
+        wait_until(lambda: not set(processes_mentioning(namespace)) - others, 15)
+        return victim
+    finally:
+        pool.close()
+
+
+@pytest.mark.timeout(60 + 25 * CYCLES)
+def test_soak_start_kill_restart_leaves_nothing(namespace: str) -> None:
+    """CYCLES pools in one namespace, each losing a random part (workers, the
+    dispatcher, the supervisor) by SIGKILL: each new pool reclaims what the
+    last one left, a long-lived subscriber follows them all with no growth
+    in its descriptors or mappings, and at the end nothing is left at all.
+
+    Regression: a subscriber stayed on a dead pool's segment after a new
+    pool reclaimed the namespace, and never saw the new pool's workers."""
+    rng = random.Random(SEED)
+    print(f"soak: {CYCLES} cycles, SHMP_SOAK_SEED={SEED}")
+    with agent("subscribe", namespace, "0.2") as subscriber:
+        subscriber.expect("ready")
+        _clean_pool(namespace)  # the subscriber has followed a pool's whole life
+        _until_dropped(subscriber)
+        fds_before = _fds(subscriber.pid)
+        victims = [_cycle(namespace, subscriber, rng) for _ in range(CYCLES)]
+        _clean_pool(namespace)  # reclaims what the last one left
+        with suppress(TimeoutError):
+            wait_until(lambda: len(_fds(subscriber.pid)) <= len(fds_before), 5)
+        fds_after = _fds(subscriber.pid)
+        assert fds_after == fds_before, f"before {fds_before}, after {fds_after}"
+        maps = Path(f"/proc/{subscriber.pid}/maps").read_text()
+        assert "/dev/shm/shmp-" not in maps  # no segment still mapped
+        assert processes_mentioning(namespace) == [subscriber.pid]
+    print(f"soak: killed {', '.join(victims)}")
+    assert not [
+        p.name for p in Path("/dev/shm").iterdir() if p.name.startswith("shmp-")
+    ]
+    assert not list(paths.runtime_dir().iterdir())
