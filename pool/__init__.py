@@ -21,18 +21,30 @@ from pool.errors import (
     PoolNotRunning,
     WorkerLost,
 )
-from workers.tasks import BadTask, RemoteError, RemoteTraceback
+from workers.tasks import (
+    ArgumentsTooLarge,
+    BadTask,
+    FunctionNotFound,
+    NotCallable,
+    RemoteError,
+    RemoteTraceback,
+    TaskIdReused,
+)
 
 __all__ = [
+    "ArgumentsTooLarge",
     "AsyncClient",
     "BadTask",
     "Client",
+    "FunctionNotFound",
     "NoWorkerAvailable",
+    "NotCallable",
     "Pool",
     "PoolAlreadyRunning",
     "PoolError",
     "PoolNotRunning",
     "RemoteError",
     "RemoteTraceback",
+    "TaskIdReused",
     "WorkerLost",
 ]

@@ -9,6 +9,7 @@ import threading
 import grpc
 import pytest
 
+import pool
 from discovery import list_workers
 from pool import Client
 from pool.dispatcher_pb2 import Submission, SubmissionBatch
@@ -26,7 +27,6 @@ from tests.rpc import (
     value,
     worker_stub,
 )
-from workers import tasks
 from workers.worker_pb2 import Task, TaskBatch
 
 pytestmark = pytest.mark.integration
@@ -121,10 +121,10 @@ def test_each_bad_task_gets_its_status_and_the_rest_run(namespace: str) -> None:
                 assert message in bad.failure.message
                 assert value(good) == i * i
         with Client(namespace) as client:
-            with pytest.raises(tasks.FunctionNotFound) as raised:
+            with pytest.raises(pool.FunctionNotFound) as raised:
                 client.submit("no_such_module:f").result(timeout=30)
             assert raised.value.status == S.NOT_FOUND
-            with pytest.raises(tasks.ArgumentsTooLarge, match="limit of 4096"):
+            with pytest.raises(pool.ArgumentsTooLarge, match="limit of 4096"):
                 client.submit(sample_tasks.square, b"x" * LIMIT).result(timeout=30)
             assert client.submit(sample_tasks.square, 7).result(timeout=30) == 49
 

@@ -1,7 +1,8 @@
 """Leaks under churn: start a pool, kill random parts of it, start again.
 
-CI runs a few cycles; the full soak is ``SHMP_SOAK_CYCLES=200 python -m
-pytest tests/integration/test_soak.py`` (``SHMP_SOAK_SEED`` replays one).
+CI runs a few cycles; the full soak is ``SHMP_SOAK_CYCLES=200 python -m pytest
+-s -o faulthandler_timeout=0 tests/integration/test_soak.py`` (about 4
+minutes here; ``SHMP_SOAK_SEED`` replays a run).
 """
 
 from __future__ import annotations
