@@ -133,7 +133,7 @@ def resolve(name: str) -> Callable[..., Any]:
         target: Any = importlib.import_module(module_name)
     except ImportError as exc:
         raise FunctionNotFound(f"cannot import module {module_name!r}: {exc}") from None
-    except Exception as exc:  # the module ran and raised: the worker goes on
+    except (Exception, SystemExit) as exc:  # it ran and raised: the worker goes on
         raise FunctionNotFound(
             f"importing module {module_name!r} raised {type(exc).__name__}: {exc}"
         ) from None

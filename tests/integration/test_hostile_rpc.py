@@ -53,6 +53,11 @@ BAD_TASKS = [
         "cannot import module 'no_such_module'",
     ),
     (
+        Task(function="tests.exits_on_import:f", args=call()),
+        S.NOT_FOUND,
+        "importing module 'tests.exits_on_import' raised SystemExit: 3",
+    ),
+    (
         Task(function="os:no_such_name", args=call()),
         S.NOT_FOUND,
         "module 'os' has no 'no_such_name'",
