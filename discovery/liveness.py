@@ -192,10 +192,11 @@ class Reaper:
             if not held:
                 return None
             read = registry.read_slot(index)
-            reaped = not registry.closed and (
-                registry.repair(index) or (read is not None and read.uid == uid)
-            )
-            if reaped and read is not None:
+            if registry.closed:
+                reaped = False
+            elif read is None:  # torn: its writer died in the middle of a write
+                reaped = registry.repair(index)
+            elif reaped := read.uid == uid:
                 registry.write_slot(index, None, b"")
         forget(self._namespace, uid)
         if reaped:
