@@ -31,7 +31,8 @@ if TYPE_CHECKING:
         WorkerNotRegistered,
     )
     from discovery.info import DiscoveryEvent, EventType, Status, WorkerInfo
-    from discovery.local import LocalDiscovery, list_workers, reclaim
+    from discovery.local import LocalDiscovery, list_workers
+    from discovery.ownership import owner_pid, reclaim, sweep_dead
     from discovery.publisher import Publisher
     from discovery.subscriber import Subscriber, SubscriberStats
 
@@ -58,7 +59,9 @@ _HOMES = {
     "WorkerInfoTooLarge": "discovery.errors",
     "WorkerNotRegistered": "discovery.errors",
     "list_workers": "discovery.local",
-    "reclaim": "discovery.local",
+    "owner_pid": "discovery.ownership",
+    "reclaim": "discovery.ownership",
+    "sweep_dead": "discovery.ownership",
 }
 
 
@@ -94,5 +97,7 @@ __all__ = [
     "WorkerInfoTooLarge",
     "WorkerNotRegistered",
     "list_workers",
+    "owner_pid",
     "reclaim",
+    "sweep_dead",
 ]

@@ -22,8 +22,14 @@ from discovery import worker_info_pb2
 EventType = Literal["worker-added", "worker-updated", "worker-dropped"]
 EVENT_TYPES: Final[frozenset[str]] = frozenset(get_args(EventType))
 
-Status = Literal["ready", "draining"]
+Status = Literal["ready", "draining", "stuck"]
 STATUSES: Final[frozenset[str]] = frozenset(get_args(Status))
+_STATUS_TO_WIRE: Final = {
+    "ready": worker_info_pb2.STATUS_READY,
+    "draining": worker_info_pb2.STATUS_DRAINING,
+    "stuck": worker_info_pb2.STATUS_STUCK,
+}
+_STATUS_FROM_WIRE: Final = {wire: name for name, wire in _STATUS_TO_WIRE.items()}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -36,8 +42,10 @@ class WorkerInfo:
     :param version: the worker's software version.
     :param tags: labels that tasks may require.
     :param extra: free-form string metadata.
-    :param status: ``"ready"`` or ``"draining"``.
-    :param capacity: how many tasks the worker runs at once (>= 1).
+    :param status: ``"ready"`` (takes tasks), ``"draining"`` (finishing,
+        then leaving) or ``"stuck"`` (every task thread is held by a task
+        that was cancelled or timed out).
+    :param capacity: how many tasks the dispatcher may send it at once (>= 1).
     :raises ValueError: if a field is out of range.
     """
 
@@ -57,7 +65,7 @@ class WorkerInfo:
             raise ValueError(f"uid must be a UUID, got {self.uid!r}")
         if self.status not in STATUSES:
             raise ValueError(
-                f"status must be 'ready' or 'draining', got {self.status!r}"
+                f"status must be one of {sorted(STATUSES)}, got {self.status!r}"
             )
         if self.capacity < 1:
             raise ValueError(f"capacity must be at least 1, got {self.capacity}")
@@ -76,7 +84,7 @@ class WorkerInfo:
             version=self.version,
             tags=sorted(self.tags),
             extra=dict(self.extra),
-            status=self.status,
+            status=_STATUS_TO_WIRE[self.status],
             capacity=self.capacity,
         )
 
@@ -88,9 +96,9 @@ class WorkerInfo:
         """
         if len(message.uid) != 16:
             raise ValueError(f"uid must be 16 bytes, got {len(message.uid)}")
-        status = message.status
-        if status not in STATUSES:
-            raise ValueError(f"status must be 'ready' or 'draining', got {status!r}")
+        status = _STATUS_FROM_WIRE.get(message.status)
+        if status is None:
+            raise ValueError(f"unknown worker status {message.status}")
         return cls(
             uid=UUID(bytes=message.uid),
             address=message.address,
@@ -98,7 +106,7 @@ class WorkerInfo:
             version=message.version,
             tags=frozenset(message.tags),
             extra=dict(message.extra),
-            status=status,  # type: ignore[arg-type]  # checked just above
+            status=status,  # type: ignore[arg-type]  # one of the map's values
             capacity=message.capacity,
         )
 

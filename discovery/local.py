@@ -1,17 +1,18 @@
 """``LocalDiscovery``: a namespace's registry in shared memory, and its owner.
 
-Entering a :class:`LocalDiscovery` creates the namespace's registry, or
-attaches to it when it already exists. The process that created it owns
-it: on exit the owner marks it closed (subscribers report every worker
-dropped), unlinks the segment and removes the namespace's runtime files.
-An attacher only releases its mapping. Publishers and subscribers need
-only the namespace string, from any process.
+Entering a :class:`LocalDiscovery` claims the namespace
+(:mod:`discovery.ownership`) and creates its registry, replacing whatever a
+dead owner left; or, when a live process owns it, attaches to it. The owner
+holds its claim until it exits: then it marks the registry closed
+(subscribers report every worker dropped), unlinks the segment and removes
+the namespace's runtime files. An attacher only releases its mapping.
+Publishers and subscribers need only the namespace string, from any
+process.
 """
 
 from __future__ import annotations
 
 import contextlib
-import os
 from types import TracebackType
 from typing import Self
 from uuid import uuid4
@@ -19,9 +20,10 @@ from uuid import uuid4
 import discovery.publisher as _pub
 import discovery.subscriber as _sub
 from discovery import paths
-from discovery.errors import NamespaceInUse, NamespaceNotFound, RegistryCorrupt
+from discovery.errors import NamespaceInUse
 from discovery.info import WorkerInfo
 from discovery.notify import Notifier
+from discovery.ownership import Ownership, owner_pid
 from discovery.registry import Registry, RegistryLock
 
 
@@ -31,12 +33,16 @@ class LocalDiscovery:
     :param namespace: the registry's name; a fresh one (``pool-<hex>``) if None.
     :param capacity: how many workers may be registered at once.
     :param block_size: bytes for each worker's encoded :class:`WorkerInfo`.
+    :param exclusive: refuse a namespace that a live process owns instead of
+        attaching to it (a pool's supervisor must own its namespace).
     :raises InvalidNamespace: (a ``ValueError``) for a bad name.
     :raises ValueError: if ``capacity`` or ``block_size`` is out of range.
 
-    Entering raises :class:`RegistryMismatch` if the namespace exists with
-    another capacity or block size, :class:`RegistryCorrupt` if it holds
-    something else, and :class:`LockTimeout` if its lock stays held.
+    Entering raises :class:`NamespaceInUse` if ``exclusive`` and a live
+    process owns the namespace, :class:`RegistryMismatch` if the namespace
+    exists with another capacity or block size, :class:`RegistryCorrupt` if
+    it holds something else, and :class:`LockTimeout` if its lock stays held.
+    Entering may wait for that lock: call it off the event loop.
     """
 
     Publisher = _pub.Publisher
@@ -48,6 +54,7 @@ class LocalDiscovery:
         *,
         capacity: int = 128,
         block_size: int = 1024,
+        exclusive: bool = False,
     ) -> None:
         self._namespace = paths.validate_namespace(
             namespace or f"pool-{uuid4().hex[:12]}"
@@ -57,7 +64,9 @@ class LocalDiscovery:
         if block_size < 1:
             raise ValueError(f"block_size must be at least 1, got {block_size}")
         self._capacity, self._block_size = capacity, block_size
+        self._exclusive = exclusive
         self._registry: Registry | None = None
+        self._ownership: Ownership | None = None
 
     @property
     def namespace(self) -> str:
@@ -73,25 +82,39 @@ class LocalDiscovery:
         lock = RegistryLock(self._namespace)
         try:
             with lock.hold():
-                try:
-                    registry = Registry.create(
-                        self._namespace,
-                        capacity=self._capacity,
-                        block_size=self._block_size,
-                    )
-                except FileExistsError:
-                    registry = Registry.attach(self._namespace)
-                    try:
-                        registry.check_layout(self._capacity, self._block_size)
-                    except BaseException:
-                        registry.close()
-                        raise
-            self._registry = registry
-            if registry.created:
-                _notify(self._namespace, registry.generation)
+                ownership = Ownership.claim(self._namespace)
+                if ownership is None:
+                    self._registry = self._attach()
+                else:
+                    self._ownership = ownership
+                    self._registry = self._create()
         finally:
             lock.close()
+        if self._registry.created:
+            _notify(self._namespace, self._registry.generation)
         return self
+
+    def _attach(self) -> Registry:
+        if self._exclusive:
+            raise NamespaceInUse(self._namespace, owner_pid(self._namespace) or 0)
+        registry = Registry.attach(self._namespace)
+        try:
+            registry.check_layout(self._capacity, self._block_size)
+        except BaseException:
+            registry.close()
+            raise
+        return registry
+
+    def _create(self) -> Registry:
+        """Create the registry as its owner, over what a dead owner left."""
+        Registry.unlink_name(self._namespace)  # a dead owner's, if any
+        try:
+            return Registry.create(
+                self._namespace, capacity=self._capacity, block_size=self._block_size
+            )
+        except BaseException:
+            self._release_ownership()
+            raise
 
     def __exit__(
         self,
@@ -125,6 +148,12 @@ class LocalDiscovery:
             paths.remove_namespace_dir(self._namespace)
         finally:
             registry.close()
+            self._release_ownership()
+
+    def _release_ownership(self) -> None:
+        if self._ownership is not None:
+            self._ownership.release()
+            self._ownership = None
 
     @property
     def publisher(self) -> _pub.Publisher:
@@ -168,41 +197,6 @@ def list_workers(namespace: str) -> list[WorkerInfo]:
         return found
     finally:
         registry.close()
-
-
-def reclaim(namespace: str) -> bool:
-    """Remove what a dead owner left of ``namespace``: its segment and files.
-
-    The caller must hold whatever proves it the namespace's next owner.
-
-    :returns: True if a segment was removed (an unreadable one is, too).
-    :raises NamespaceInUse: if the registry's creator is still alive.
-    """
-    try:
-        registry = Registry.attach(namespace)
-    except NamespaceNotFound:
-        return False
-    except RegistryCorrupt:
-        Registry.unlink_name(namespace)
-        return True
-    try:
-        owner = registry.owner_pid
-        if owner != os.getpid() and _alive(owner):
-            raise NamespaceInUse(namespace, owner)
-        registry.unlink()
-    finally:
-        registry.close()
-    return True
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def _notify(namespace: str, generation: int) -> None:

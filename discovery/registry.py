@@ -56,7 +56,7 @@ from discovery.errors import (
 log = logging.getLogger(__name__)
 
 MAGIC: Final = b"SHMPREG\x00"
-LAYOUT_VERSION: Final = 2
+LAYOUT_VERSION: Final = 3  # 3: WorkerInfo.status became an enum
 LOCK_TIMEOUT_S: Final = 30.0
 MAX_CAPACITY: Final = 1 << 24
 MAX_BLOCK_SIZE: Final = 1 << 20
@@ -389,6 +389,17 @@ class Registry:
         _U64.pack_into(view, _GENERATION_OFFSET, generation)
 
 
+def same_file(fd: int, path: os.PathLike[str]) -> bool | None:
+    """True if ``path`` still names the file open as ``fd``; None if it
+    names nothing."""
+    try:
+        st = os.stat(path, follow_symlinks=False)
+    except FileNotFoundError:
+        return None
+    fst = os.fstat(fd)
+    return (st.st_dev, st.st_ino) == (fst.st_dev, fst.st_ino)
+
+
 def _check_segment_owner(path: os.PathLike[str], fd: int) -> None:
     st = os.fstat(fd)
     if st.st_uid != os.geteuid():
@@ -418,8 +429,8 @@ class RegistryLock:
         if timeout_s <= 0:
             raise ValueError(f"timeout_s must be positive, got {timeout_s}")
         self.namespace, self.timeout_s = namespace, timeout_s
-        lock_path = paths.namespace_dir(namespace) / paths.LOCK_FILE
-        self._fd: int | None = paths.open_private_file(lock_path)
+        self._path = paths.namespace_dir(namespace) / paths.LOCK_FILE
+        self._fd: int | None = paths.open_private_file(self._path)
 
     def close(self) -> None:
         """Close the lock file (releasing the lock if held). Never raises."""
@@ -435,7 +446,14 @@ class RegistryLock:
             portalocker.lock(self._fd, flags)
         except portalocker.AlreadyLocked:
             return False
-        return True
+        if same_file(self._fd, self._path) is not False:
+            return True  # (None: removed, and nobody made a new one to guard)
+        # A new owner made a new lock file after the old one was removed
+        # while we waited for it: the old one guards nothing. Take the new
+        # one instead, on the next try.
+        os.close(self._fd)
+        self._fd = paths.open_private_file(self._path)
+        return False
 
     def _release(self) -> None:
         if self._fd is not None:

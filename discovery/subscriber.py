@@ -195,9 +195,12 @@ class _Follower:
         assert self._registry is not None
         if self._reaper is None:
             self._reaper = Reaper(self._namespace, self._registry)
-        if poll_tick:  # test the locks pidfds cannot watch; mend torn slots
+        if poll_tick:  # test every worker's lock; mend torn slots
+            # Even a pidfd-watched worker's: its pid may have been reused
+            # before the pidfd was opened, and then the pidfd watches another
+            # process. The lock cannot be fooled so.
             for index, known in self._slots.items():
-                if known.uid is not None and known.death is None:
+                if known.uid is not None:
                     self._suspects.setdefault(index, known.uid)
             registered = {k.uid for k in self._slots.values() if k.uid is not None}
             sweep(self._namespace, registered)

@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1b\x64iscovery/worker_info.proto\x12\x11shmpool.discovery\"\xdf\x01\n\nWorkerInfo\x12\x0b\n\x03uid\x18\x01 \x01(\x0c\x12\x0f\n\x07\x61\x64\x64ress\x18\x02 \x01(\t\x12\x0b\n\x03pid\x18\x03 \x01(\x03\x12\x0f\n\x07version\x18\x04 \x01(\t\x12\x0c\n\x04tags\x18\x05 \x03(\t\x12\x37\n\x05\x65xtra\x18\x06 \x03(\x0b\x32(.shmpool.discovery.WorkerInfo.ExtraEntry\x12\x0e\n\x06status\x18\x07 \x01(\t\x12\x10\n\x08\x63\x61pacity\x18\x08 \x01(\r\x1a,\n\nExtraEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1b\x64iscovery/worker_info.proto\x12\x14shmpool.discovery.v1\"\x80\x02\n\nWorkerInfo\x12\x0b\n\x03uid\x18\x01 \x01(\x0c\x12\x0f\n\x07\x61\x64\x64ress\x18\x02 \x01(\t\x12\x0b\n\x03pid\x18\x03 \x01(\x03\x12\x0f\n\x07version\x18\x04 \x01(\t\x12\x0c\n\x04tags\x18\x05 \x03(\t\x12:\n\x05\x65xtra\x18\x06 \x03(\x0b\x32+.shmpool.discovery.v1.WorkerInfo.ExtraEntry\x12,\n\x06status\x18\x07 \x01(\x0e\x32\x1c.shmpool.discovery.v1.Status\x12\x10\n\x08\x63\x61pacity\x18\x08 \x01(\r\x1a,\n\nExtraEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01*Y\n\x06Status\x12\x16\n\x12STATUS_UNSPECIFIED\x10\x00\x12\x10\n\x0cSTATUS_READY\x10\x01\x12\x13\n\x0fSTATUS_DRAINING\x10\x02\x12\x10\n\x0cSTATUS_STUCK\x10\x03\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -33,8 +33,10 @@ if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_WORKERINFO_EXTRAENTRY']._loaded_options = None
   _globals['_WORKERINFO_EXTRAENTRY']._serialized_options = b'8\001'
-  _globals['_WORKERINFO']._serialized_start=51
-  _globals['_WORKERINFO']._serialized_end=274
-  _globals['_WORKERINFO_EXTRAENTRY']._serialized_start=230
-  _globals['_WORKERINFO_EXTRAENTRY']._serialized_end=274
+  _globals['_STATUS']._serialized_start=312
+  _globals['_STATUS']._serialized_end=401
+  _globals['_WORKERINFO']._serialized_start=54
+  _globals['_WORKERINFO']._serialized_end=310
+  _globals['_WORKERINFO_EXTRAENTRY']._serialized_start=266
+  _globals['_WORKERINFO_EXTRAENTRY']._serialized_end=310
 # @@protoc_insertion_point(module_scope)

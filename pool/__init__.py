@@ -19,6 +19,8 @@ from pool.errors import (
     PoolAlreadyRunning,
     PoolError,
     PoolNotRunning,
+    PoolStopping,
+    ProtocolMismatch,
     WorkerLost,
 )
 from workers.tasks import (
@@ -29,6 +31,7 @@ from workers.tasks import (
     RemoteError,
     RemoteTraceback,
     TaskIdReused,
+    TaskTimeout,
 )
 
 __all__ = [
@@ -43,8 +46,11 @@ __all__ = [
     "PoolAlreadyRunning",
     "PoolError",
     "PoolNotRunning",
+    "PoolStopping",
+    "ProtocolMismatch",
     "RemoteError",
     "RemoteTraceback",
     "TaskIdReused",
+    "TaskTimeout",
     "WorkerLost",
 ]

@@ -1,4 +1,4 @@
-"""Starting the supervisor's children and waiting for them on the loop.
+"""Starting the supervisor's children, hearing them say READY, and ending them.
 
 :func:`spawn` starts a child with :class:`subprocess.Popen`, which on Linux
 execs through ``vfork``: no ``pthread_atfork`` handler runs in between.
@@ -13,10 +13,21 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import os
 import signal
 import subprocess
 from collections.abc import Sequence
+from typing import Any, Final
+
+from pool.errors import PoolError
+from workers.lifecycle import READY_PREFIX
+
+START_TIMEOUT_S: Final = 30.0
+
+
+class ChildFailed(PoolError):
+    """A child process exited or hung before it was ready."""
 
 
 class Spawned:
@@ -64,3 +75,63 @@ def spawn(argv: Sequence[str], *, pass_fds: Sequence[int] = ()) -> Spawned:
         start_new_session=True,
     )
     return Spawned(popen)
+
+
+async def read_ready(fd: int, process: Spawned, name: str) -> dict[str, Any]:
+    """The READY line a child writes to ``fd`` (which this closes).
+
+    :raises ChildFailed: if it exits first, or says nothing in time.
+    """
+    loop = asyncio.get_running_loop()
+    reader = asyncio.StreamReader()
+    transport, _ = await loop.connect_read_pipe(
+        lambda: asyncio.StreamReaderProtocol(reader), os.fdopen(fd, "rb", 0)
+    )
+    try:
+        async with asyncio.timeout(START_TIMEOUT_S):
+            text = (await reader.readline()).decode(errors="replace")
+    except TimeoutError:
+        raise ChildFailed(
+            f"{name} was not ready within {START_TIMEOUT_S:g} s"
+        ) from None
+    finally:
+        transport.close()
+    if text.startswith(READY_PREFIX):
+        return json.loads(text[len(READY_PREFIX) :])  # type: ignore[no-any-return]
+    code = await process.wait()
+    raise ChildFailed(f"{name} exited before it was ready ({describe_exit(code)})")
+
+
+async def terminate(
+    processes: Sequence[Spawned], grace_s: float, kill_now: asyncio.Event
+) -> None:
+    """SIGTERM, wait up to ``grace_s`` (or until ``kill_now``), SIGKILL, reap."""
+    alive = [p for p in processes if p.returncode is None]
+    for process in alive:
+        process.send_signal(signal.SIGTERM)
+    async with asyncio.TaskGroup() as group:
+        exited = group.create_task(_wait_all(alive))
+        hurry = group.create_task(kill_now.wait())
+        await asyncio.wait(
+            {exited, hurry}, timeout=grace_s, return_when=asyncio.FIRST_COMPLETED
+        )
+        hurry.cancel()
+        for process in alive:
+            process.kill()
+
+
+async def _wait_all(processes: Sequence[Spawned]) -> None:
+    for process in processes:
+        await process.wait()
+
+
+def describe_exit(code: int) -> str:
+    """How a child ended, in words: ``exit code 3``, ``killed by SIGKILL``."""
+    return (
+        f"killed by {signal.Signals(-code).name}" if code < 0 else f"exit code {code}"
+    )
+
+
+def exit_fields(code: int) -> dict[str, Any]:
+    """How a child ended, as fields of a view line."""
+    return {"signal": signal.Signals(-code).name} if code < 0 else {"code": code}

@@ -14,16 +14,22 @@ import os
 import select
 import signal
 import sys
+import uuid
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import grpc
 import uvloop
 
-from discovery import DiscoveryError, Subscriber, list_workers, paths
-from pool.client import Client
+from discovery import DiscoveryError, Subscriber, list_workers, owner_pid, paths
+from pool.client import Client, locate
+from pool.dispatcher_pb2 import ListWorkersRequest
+from pool.dispatcher_pb2_grpc import DispatcherStub
 from pool.errors import PoolError, PoolNotRunning
-from pool.supervisor import Options, Supervisor, owner_pid
+from pool.routing import MAX_QUEUED
+from pool.supervisor import Options, Supervisor
 from pool.view import LiveView, PlainView, View, describe, line
+from workers import auth
 from workers.lifecycle import LOOPBACK, MAX_ARGS_LIMIT
 from workers.tasks import MAX_ARGS_BYTES, BadTask, TaskError
 
@@ -102,6 +108,20 @@ def build_parser() -> argparse.ArgumentParser:
         default=30.0,
         help="fail a task that finds no worker this long (default 30)",
     )
+    up.add_argument(
+        "--stuck-grace-s",
+        type=float,
+        default=60.0,
+        help="replace a worker whose every thread is held by a task that timed "
+        "out or was cancelled, once it has been so this long (default 60)",
+    )
+    up.add_argument(
+        "--max-queued",
+        type=int,
+        default=MAX_QUEUED,
+        help="tasks that may wait for a worker in the dispatcher; past it, "
+        f"clients wait to send more (default {MAX_QUEUED})",
+    )
     up.set_defaults(run=cmd_up)
 
     submit = commands.add_parser(
@@ -117,7 +137,9 @@ def build_parser() -> argparse.ArgumentParser:
     submit.set_defaults(run=cmd_submit)
 
     workers = commands.add_parser(
-        "workers", help="list the registered workers (read from shared memory)"
+        "workers",
+        help="list the registered workers (read from shared memory), with what "
+        "the dispatcher has sent each and has queued",
     )
     _namespace(workers)
     workers.set_defaults(run=cmd_workers)
@@ -163,22 +185,25 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def cmd_up(args: argparse.Namespace) -> int:
-    if args.workers < 0 or args.concurrency < 1:
-        raise UsageError("--workers must be 0 or more and --concurrency 1 or more")
     if not 0 <= args.max_args_bytes <= MAX_ARGS_LIMIT:
         raise UsageError(f"--max-args-bytes must be 0 to {MAX_ARGS_LIMIT}")
-    options = Options(
-        namespace=args.namespace,
-        workers=args.workers,
-        concurrency=args.concurrency,
-        tags=tuple(t for t in args.tags.split(",") if t),
-        host=args.host,
-        restart=not args.no_restart,
-        grace_s=args.grace_s,
-        capacity=args.capacity,
-        no_worker_timeout_s=args.no_worker_timeout_s,
-        max_args_bytes=args.max_args_bytes,
-    )
+    try:
+        options = Options(
+            namespace=args.namespace,
+            workers=args.workers,
+            concurrency=args.concurrency,
+            tags=tuple(t for t in args.tags.split(",") if t),
+            host=args.host,
+            restart=not args.no_restart,
+            grace_s=args.grace_s,
+            capacity=args.capacity,
+            no_worker_timeout_s=args.no_worker_timeout_s,
+            max_args_bytes=args.max_args_bytes,
+            stuck_grace_s=args.stuck_grace_s,
+            max_queued=args.max_queued,
+        )
+    except ValueError as exc:
+        raise UsageError(f"{exc} (see --help)") from None
     view: View = LiveView(args.namespace) if sys.stdout.isatty() else PlainView()
     try:
         uvloop.run(_up(options, view))
@@ -229,22 +254,52 @@ def _literal(text: str) -> Any:
 
 def cmd_workers(args: argparse.Namespace) -> int:
     infos = sorted(list_workers(args.namespace), key=lambda info: info.pid)
+    routing = _dispatcher_view(args.namespace)
+    columns = ["pid", "uid", "address", "status", "running", "done"]
+    if routing is not None:
+        columns.append("in_flight")
+    rows = []
+    for info in infos:
+        fields = describe(info)
+        if routing is not None:
+            fields["in_flight"] = routing[0].get(str(info.uid), 0)
+        rows.append(fields)
+    queued = f", {routing[1]} queued" if routing is not None else ""
     if sys.stdout.isatty():
         from rich.console import Console
         from rich.table import Table
 
-        table = Table(title=f"{len(infos)} workers in {args.namespace!r}")
-        columns = ("pid", "uid", "address", "status", "running", "done")
+        table = Table(title=f"{len(infos)} workers in {args.namespace!r}{queued}")
         for column in columns:
             table.add_column(column)
-        for info in infos:
-            fields = describe(info)
+        for fields in rows:
             table.add_row(*(str(fields[c]) for c in columns))
         Console().print(table)
-    else:
-        for info in infos:
-            print(line("worker", describe(info)))
+        return 0
+    for fields in rows:
+        print(line("worker", {c: fields[c] for c in columns}))
+    if routing is not None:
+        print(line("dispatcher", {"queued": routing[1]}))
     return 0
+
+
+def _dispatcher_view(namespace: str) -> tuple[dict[str, int], int] | None:
+    """What the dispatcher has sent each worker (by uid) and has queued, or
+    None when no dispatcher answers."""
+    try:
+        address, token = locate(namespace)
+    except PoolNotRunning:
+        return None
+    with grpc.insecure_channel(address) as channel:
+        stub = DispatcherStub(channel)  # type: ignore[no-untyped-call]
+        try:
+            reply = stub.ListWorkers(
+                ListWorkersRequest(), metadata=auth.call_metadata(token), timeout=5
+            )
+        except grpc.RpcError:
+            return None
+    in_flight = {str(uuid.UUID(bytes=s.info.uid)): s.in_flight for s in reply.workers}
+    return in_flight, reply.queued
 
 
 def cmd_watch(args: argparse.Namespace) -> int:

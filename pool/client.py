@@ -1,15 +1,21 @@
 """Clients of a running pool, found by namespace.
 
-:class:`Client` is a :class:`concurrent.futures.Executor`; it runs its own
-uvloop loop on a daemon thread, which owns the gRPC channel. Both it and
-:class:`AsyncClient` (on the caller's loop) send tasks through one
-``SubmitStream`` per client (a :class:`Connection`), many tasks per
-message: submissions made while a write is under way go out together in
-the next one.
+:class:`Client` is a :class:`concurrent.futures.Executor` that behaves like
+``ProcessPoolExecutor`` wherever ``concurrent.futures`` defines the
+behaviour. It runs a uvloop loop on a thread of its own (a
+:class:`_LoopThread`, which holds no reference to the client, so that an
+unreferenced client is finalized like the standard executors), and that
+loop runs the client's :class:`~pool.connection.Connection`. A future is
+PENDING, and cancellable, until a worker has taken its task; then RUNNING.
+A cancel reaches the dispatcher's queue. ``shutdown(wait=False)`` lets
+pending futures finish; at interpreter exit, every client's pending
+futures are waited for, as the standard executors do.
+
+:class:`AsyncClient` is the same for asyncio code, on the caller's loop.
 
 A task is run *at least once*: if its worker dies, the dispatcher runs it
-again elsewhere (up to its attempt limit), so a task with side effects
-may see them twice.
+again elsewhere (up to its attempt limit), so a task with side effects may
+see them twice.
 """
 
 from __future__ import annotations
@@ -21,41 +27,42 @@ import itertools
 import pickle
 import threading
 import time
+import weakref
 from collections.abc import AsyncIterator, Callable, Iterable, Iterator
 from types import TracebackType
-from typing import Any, Self
+from typing import Any, Final, Self
 
-import grpc
 import uvloop
-from grpc import aio
 
 from discovery import paths
-from pool import dispatcher_pb2_grpc
-from pool.dispatcher_pb2 import Submission, SubmissionBatch
-from pool.errors import PoolNotRunning
-from workers import auth, tasks
-from workers.lifecycle import GRPC_OPTIONS
+from pool.connection import ADDRESS_FILE, Connection, locate
+from pool.dispatcher_pb2 import Submission
+from workers import tasks
 from workers.worker_pb2 import Result, Task
 
-ADDRESS_FILE = "address"
-RECONNECT_S = 30.0  # how long a client waits for a restarted dispatcher
-RECONNECT_FIRST_S = 0.05
-STOPPED = "the pool stopped"  # the reason when the dispatcher ends a stream
+__all__ = ["ADDRESS_FILE", "AsyncClient", "Client", "locate", "outcome"]
 
-OnResult = Callable[[Result], None]
+CONNECT_TIMEOUT_S: Final = 30.0
+
+# Like concurrent.futures.thread: once the interpreter starts to exit, every
+# client's pending futures are waited for and no new one is accepted.
+_loops: weakref.WeakSet[_LoopThread] = weakref.WeakSet()
+_shutting_down = False
 
 
-def locate(namespace: str) -> tuple[str, str]:
-    """The dispatcher address and token of the pool serving ``namespace``.
+def _python_exit() -> None:
+    global _shutting_down
+    _shutting_down = True
+    loops = list(_loops)
+    for loop in loops:
+        loop.close_when_idle()
+    for loop in loops:
+        loop.join()
 
-    :raises PoolNotRunning: if no pool serves it.
-    """
-    directory = paths.namespace_dir(namespace, create=False)
-    try:
-        address = (directory / ADDRESS_FILE).read_text().strip()
-        return address, auth.read_token(namespace)
-    except (FileNotFoundError, auth.MissingToken):
-        raise PoolNotRunning(namespace) from None
+
+# Runs before non-daemon threads are joined, while our loop threads still
+# run (the standard executors register their exit hook the same way).
+threading._register_atexit(_python_exit)  # type: ignore[attr-defined]
 
 
 def outcome(result: Result) -> Any:
@@ -63,142 +70,6 @@ def outcome(result: Result) -> Any:
     if result.HasField("failure"):
         raise tasks.exception_of(result.failure)
     return pickle.loads(result.value)
-
-
-class Connection:
-    """The stream of tasks to a pool's dispatcher, bound to the loop that made it.
-
-    If the stream breaks (the supervisor restarts a dispatcher that died),
-    it reconnects, with back-off, for up to ``reconnect_s``, and sends again
-    every task still unanswered: the new dispatcher never saw them (so a
-    task may run twice; see the module docstring). Past that, or at once
-    when the dispatcher ends the stream because the pool stops, those tasks
-    fail with :class:`PoolNotRunning`.
-
-    :raises PoolNotRunning: if no pool serves the namespace now.
-    """
-
-    def __init__(self, namespace: str, *, reconnect_s: float = RECONNECT_S) -> None:
-        locate(namespace)  # fail now, clearly, if there is no pool at all
-        self.namespace = namespace
-        self._reconnect_s = reconnect_s
-        self._pending: dict[int, tuple[Submission, OnResult]] = {}
-        self._outgoing: list[Submission] = []
-        self._cancels: list[int] = []
-        self._cancelled: set[int] = set()
-        self._wake = asyncio.Event()
-        self._closing = False
-        self._refused: PoolNotRunning | None = None
-        self._runner = asyncio.create_task(self._run())
-
-    def submit(self, submission: Submission, on_result: OnResult) -> None:
-        if self._refused is not None:
-            raise self._refused
-        self._pending[submission.task.id] = (submission, on_result)
-        self._outgoing.append(submission)
-        self._wake.set()
-
-    def cancel(self, task_id: int) -> None:
-        if task_id in self._pending:
-            self._cancelled.add(task_id)
-            self._cancels.append(task_id)
-            self._wake.set()
-
-    async def _run(self) -> None:
-        """Keep a stream open while there is work; reconnect when it breaks."""
-        lost_at: float | None = None
-        delay = RECONNECT_FIRST_S
-        while not self._closing:
-            if not self._pending and not self._outgoing:
-                await self._wake.wait()  # connect (again) only for work
-                continue
-            reason, served = await self._stream()
-            if self._closing or self._refused is not None:
-                return
-            if reason is STOPPED:  # a clean end: the pool is going away
-                self._fail_all(PoolNotRunning(self.namespace, reason))
-                continue
-            if served:
-                lost_at, delay = None, RECONNECT_FIRST_S
-            self._resend_pending()
-            lost_at = lost_at or time.monotonic()
-            if time.monotonic() - lost_at >= self._reconnect_s:
-                self._fail_all(PoolNotRunning(self.namespace, reason))
-                lost_at = None
-                continue
-            await asyncio.sleep(delay)  # back-off between attempts to reconnect
-            delay = min(delay * 2, 1.0)
-
-    async def _stream(self) -> tuple[str, bool]:
-        """Serve one stream until it ends: why it ended, and whether it got
-        as far as the dispatcher."""
-        try:
-            address, token = locate(self.namespace)
-        except PoolNotRunning:
-            return STOPPED, False  # its files are gone: no restart is coming
-        channel = aio.insecure_channel(address, options=GRPC_OPTIONS)
-        stub = dispatcher_pb2_grpc.DispatcherStub(channel)  # type: ignore[no-untyped-call]
-        call = stub.SubmitStream(metadata=auth.call_metadata(token))
-        sender = asyncio.create_task(self._send(call))
-        if self._outgoing:
-            self._wake.set()
-        served = False
-        try:
-            await call.wait_for_connection()
-            served = True
-            async for batch in call:
-                for result in batch.results:
-                    if (entry := self._pending.pop(result.id, None)) is not None:
-                        self._cancelled.discard(result.id)
-                        entry[1](result)
-            return STOPPED, served
-        except aio.AioRpcError as exc:
-            if exc.code() == grpc.StatusCode.UNAUTHENTICATED:
-                detail = f"the pool refused our token ({exc.details()})"
-                self._refused = PoolNotRunning(self.namespace, detail)
-                self._fail_all(self._refused)
-            return f"{exc.code().name}: {exc.details()}", served
-        finally:
-            sender.cancel()
-            call.cancel()
-            await channel.close()
-
-    async def _send(self, call: Any) -> None:
-        while True:
-            await self._wake.wait()
-            self._wake.clear()
-            batch = SubmissionBatch(submissions=self._outgoing, cancel=self._cancels)
-            self._outgoing, self._cancels = [], []
-            try:
-                await call.write(batch)
-            except (aio.AioRpcError, aio.UsageError, asyncio.InvalidStateError):
-                return  # _stream sees the stream end and sends them again
-
-    def _resend_pending(self) -> None:
-        """After a lost stream: every unanswered task goes out again, but
-        those cancelled meanwhile are answered here."""
-        for task_id in self._cancelled & self._pending.keys():
-            _, on_result = self._pending.pop(task_id)
-            on_result(Result(id=task_id, failure=tasks.cancelled()))
-        self._cancelled.clear()
-        self._outgoing = [submission for submission, _ in self._pending.values()]
-        self._cancels = []
-
-    def _fail_all(self, error: PoolNotRunning) -> None:
-        pending, self._pending = self._pending, {}
-        self._outgoing, self._cancels = [], []
-        failure = tasks.failure_of(error, remote=False)
-        for task_id, (_, on_result) in pending.items():
-            on_result(Result(id=task_id, failure=failure))
-
-    async def aclose(self) -> None:
-        """Close the stream; fail what is still pending. Never raises."""
-        self._closing = True
-        self._wake.set()
-        self._runner.cancel()
-        with contextlib.suppress(asyncio.CancelledError, Exception):
-            await self._runner
-        self._fail_all(PoolNotRunning(self.namespace, "the client was closed"))
 
 
 class Submissions:
@@ -213,7 +84,11 @@ class Submissions:
     def make(
         self, fn: Callable[..., Any] | str, args: tuple[Any, ...], kwargs: Any
     ) -> Submission:
-        """A submission calling ``fn`` (a callable or ``"module:qualname"``)."""
+        """A submission calling ``fn`` (a callable or ``"module:qualname"``).
+
+        :raises BadTask: if a worker could not import ``fn``.
+        :raises Exception: whatever pickling the arguments raises.
+        """
         name = fn if isinstance(fn, str) else tasks.function_name(fn)
         task = Task(
             id=next(self._ids),
@@ -224,10 +99,145 @@ class Submissions:
         return Submission(task=task, tags=self._tags)
 
 
-def _chunks(iterables: tuple[Iterable[Any], ...], size: int) -> Iterator[list[Any]]:
-    it = zip(*iterables, strict=False)
-    while chunk := list(itertools.islice(it, size)):
-        yield chunk
+class FutureHandler:
+    """Drives one :class:`concurrent.futures.Future` from its task's answers,
+    on the client's loop: RUNNING once a worker took it, then its result.
+    A cancelled future is told to its waiters once (see
+    ``Future.set_running_or_notify_cancel``)."""
+
+    __slots__ = ("_future", "_notified")
+
+    def __init__(self, future: concurrent.futures.Future[Any]) -> None:
+        self._future = future
+        self._notified = False  # set_running_or_notify_cancel was called
+
+    def accepted(self) -> None:
+        if not self._notified:
+            self._notified = True
+            self._future.set_running_or_notify_cancel()
+
+    def cancelled(self) -> None:
+        """The future was cancelled: wake those who wait on it."""
+        self.accepted()  # returns False and notifies, the future being cancelled
+
+    def resolve(self, result: Result) -> None:
+        future = self._future
+        if future.cancelled():
+            return
+        try:
+            value = outcome(result)
+        except BaseException as exc:  # the task's error, whatever it is
+            _settle(future.set_exception, exc)
+        else:
+            _settle(future.set_result, value)
+
+
+def _settle(setter: Callable[[Any], None], value: Any) -> None:
+    with contextlib.suppress(concurrent.futures.InvalidStateError):
+        setter(value)  # (raises if its owner cancelled it in the meantime)
+
+
+class _LoopThread:
+    """A client's loop on a thread of its own, running its connection.
+
+    Holds nothing of the client: the client's finalizer closes it.
+    """
+
+    def __init__(self, namespace: str) -> None:
+        self._lock = threading.Lock()
+        self._inbox: list[tuple[Submission, FutureHandler]] = []
+        self._flush_scheduled = False
+        self.outstanding: set[concurrent.futures.Future[Any]] = set()
+        self._loop = uvloop.new_event_loop()
+        self._connection: Connection | None = None
+        started: concurrent.futures.Future[None] = concurrent.futures.Future()
+        self._thread = threading.Thread(
+            target=self._run, args=(namespace, started), name="pool-client", daemon=True
+        )
+        self._thread.start()
+        try:
+            started.result(CONNECT_TIMEOUT_S)
+        except BaseException:
+            self._thread.join()
+            raise
+        _loops.add(self)
+
+    def _run(self, namespace: str, started: concurrent.futures.Future[None]) -> None:
+        try:
+            self._loop.run_until_complete(self._main(namespace, started))
+        finally:
+            self._loop.close()
+
+    async def _main(
+        self, namespace: str, started: concurrent.futures.Future[None]
+    ) -> None:
+        try:
+            self._connection = Connection(namespace)
+        except BaseException as exc:
+            started.set_exception(exc)
+            return
+        started.set_result(None)
+        async with asyncio.TaskGroup() as group:
+            group.create_task(self._connection.run())
+
+    def submit(
+        self, submission: Submission, future: concurrent.futures.Future[Any]
+    ) -> None:
+        handler = FutureHandler(future)
+        with self._lock:
+            self.outstanding.add(future)
+            self._inbox.append((submission, handler))
+            if not self._flush_scheduled:
+                self._flush_scheduled = True
+                self._loop.call_soon_threadsafe(self._flush)
+        task_id = submission.task.id
+        future.add_done_callback(lambda f: self._on_done(f, task_id, handler))
+
+    def _on_done(
+        self,
+        future: concurrent.futures.Future[Any],
+        task_id: int,
+        handler: FutureHandler,
+    ) -> None:
+        """Any thread: the future finished, or its owner cancelled it."""
+        with self._lock:
+            self.outstanding.discard(future)
+        if future.cancelled():
+            with contextlib.suppress(RuntimeError):  # closed: nothing pending there
+                self._loop.call_soon_threadsafe(self._cancel, task_id, handler)
+
+    def _flush(self) -> None:
+        with self._lock:
+            inbox, self._inbox = self._inbox, []
+            self._flush_scheduled = False
+        assert self._connection is not None
+        for submission, handler in inbox:
+            self._connection.submit(submission, handler)
+
+    def _cancel(self, task_id: int, handler: FutureHandler) -> None:
+        assert self._connection is not None
+        self._connection.cancel(task_id)
+        handler.cancelled()
+
+    def cancel_pending(self) -> None:
+        """Cancel every future not yet taken by a worker (any thread)."""
+        with self._lock:
+            futures = list(self.outstanding)
+        for future in futures:
+            future.cancel()
+
+    def close_when_idle(self) -> None:
+        """Stop the loop once every pending future is done (any thread)."""
+        with contextlib.suppress(RuntimeError):  # closed already
+            self._loop.call_soon_threadsafe(self._close)
+
+    def _close(self) -> None:
+        if self._connection is not None:
+            self._connection.close()
+
+    def join(self) -> None:
+        if self._thread is not threading.current_thread():
+            self._thread.join()
 
 
 class Client(concurrent.futures.Executor):
@@ -246,59 +256,41 @@ class Client(concurrent.futures.Executor):
         tags: Iterable[str] = (),
         task_timeout_s: float | None = None,
     ) -> None:
-        self.namespace = namespace
+        self.namespace = paths.validate_namespace(namespace)
         self._submissions = Submissions(tags, task_timeout_s)
-        self._lock = threading.Lock()
-        self._queued: list[tuple[Submission, concurrent.futures.Future[Any]]] = []
-        self._flush_scheduled = False
-        self._outstanding: set[concurrent.futures.Future[Any]] = set()
-        self._closed = False
-        self._loop = uvloop.new_event_loop()
-        self._thread = threading.Thread(
-            target=self._loop.run_forever, name="pool-client", daemon=True
-        )
-        self._thread.start()
-        try:
-            self._connection = self._on_loop(self._connect(namespace))
-        except BaseException:
-            self._stop_loop()
-            raise
-
-    async def _connect(self, namespace: str) -> Connection:
-        return Connection(namespace)
-
-    def _on_loop(self, coro: Any) -> Any:
-        return asyncio.run_coroutine_threadsafe(coro, self._loop).result()
+        self._shutdown_lock = threading.Lock()
+        self._shutdown = False
+        self._runner = _LoopThread(namespace)
+        # Unreferenced, the client lets its futures finish, then its thread ends.
+        self._finalizer = weakref.finalize(self, self._runner.close_when_idle)
 
     def submit(
         self, fn: Callable[..., Any] | str, /, *args: Any, **kwargs: Any
     ) -> concurrent.futures.Future[Any]:
         """Run ``fn(*args, **kwargs)`` in the pool; ``fn`` must be importable
-        by the workers (a module-level function, or ``"module:qualname"``)."""
-        submission = self._submissions.make(fn, args, kwargs)
-        future: concurrent.futures.Future[Any] = concurrent.futures.Future()
-        with self._lock:
-            if self._closed:
-                raise RuntimeError("cannot schedule new futures after shutdown")
-            self._queued.append((submission, future))
-            self._outstanding.add(future)
-            if not self._flush_scheduled:
-                self._flush_scheduled = True
-                self._loop.call_soon_threadsafe(self._flush)
-        future.add_done_callback(self._outstanding.discard)
-        return future
+        by the workers (a module-level function, or ``"module:qualname"``).
 
-    def _flush(self) -> None:
-        with self._lock:
-            queued, self._queued = self._queued, []
-            self._flush_scheduled = False
-        for submission, future in queued:
-            if not future.set_running_or_notify_cancel():
-                continue
+        A function or arguments that cannot be sent set the future's
+        exception, as pickling errors do in ``ProcessPoolExecutor``.
+
+        :raises RuntimeError: after :meth:`shutdown`, or once the interpreter
+            is exiting.
+        """
+        with self._shutdown_lock:
+            if self._shutdown:
+                raise RuntimeError("cannot schedule new futures after shutdown")
+            if _shutting_down:
+                raise RuntimeError(
+                    "cannot schedule new futures after interpreter shutdown"
+                )
+            future: concurrent.futures.Future[Any] = concurrent.futures.Future()
             try:
-                self._connection.submit(submission, _resolver(future))
-            except PoolNotRunning as exc:
+                submission = self._submissions.make(fn, args, kwargs)
+            except Exception as exc:
                 future.set_exception(exc)
+                return future
+            self._runner.submit(submission, future)
+            return future
 
     def map(
         self,
@@ -308,66 +300,81 @@ class Client(concurrent.futures.Executor):
         chunksize: int = 1,
     ) -> Iterator[Any]:
         """Like :meth:`Executor.map`: every task is submitted now, results come
-        in order; ``chunksize`` calls travel and run as one task."""
+        in order, each released once yielded; ``timeout`` counts from this
+        call. ``chunksize`` calls travel and run as one task."""
         if chunksize < 1:
             raise ValueError(f"chunksize must be at least 1, got {chunksize}")
+        deadline = None if timeout is None else time.monotonic() + timeout
         if chunksize == 1:
             futures = [self.submit(fn, *args) for args in zip(*iterables, strict=False)]
-            return _in_order(futures, timeout, flatten=False)
-        name = tasks.function_name(fn)
+            return _in_order(futures, deadline)
+        try:
+            name = fn if isinstance(fn, str) else tasks.function_name(fn)
+        except tasks.BadTask as exc:  # raised on iteration, as the rest would be
+            failed: concurrent.futures.Future[Any] = concurrent.futures.Future()
+            failed.set_exception(exc)
+            return _flatten(_in_order([failed], deadline))
         futures = [
             self.submit(tasks.CHUNK_FUNCTION, name, chunk)
             for chunk in _chunks(iterables, chunksize)
         ]
-        return _in_order(futures, timeout, flatten=True)
+        return _flatten(_in_order(futures, deadline))
 
     def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
-        with self._lock:
-            self._closed = True
-            if cancel_futures:
-                for _, future in self._queued:
-                    future.cancel()
+        """Accept no more tasks; with ``cancel_futures``, cancel those no
+        worker has taken; with ``wait``, return once every future is done and
+        the client's thread has ended (else it ends once they are done)."""
+        with self._shutdown_lock:
+            self._shutdown = True
+        if cancel_futures:
+            self._runner.cancel_pending()
+        self._runner.close_when_idle()
         if wait:
-            concurrent.futures.wait(list(self._outstanding))
-        if self._thread.is_alive():
-            self._on_loop(self._connection.aclose())
-            self._stop_loop()
+            self._runner.join()
 
-    def _stop_loop(self) -> None:
-        self._loop.call_soon_threadsafe(self._loop.stop)
-        self._thread.join()
-        self._loop.close()
+
+def _chunks(iterables: tuple[Iterable[Any], ...], size: int) -> Iterator[list[Any]]:
+    it = zip(*iterables, strict=False)
+    while chunk := list(itertools.islice(it, size)):
+        yield chunk
 
 
 def _in_order(
-    futures: list[concurrent.futures.Future[Any]], timeout: float | None, flatten: bool
+    futures: list[concurrent.futures.Future[Any]], deadline: float | None
 ) -> Iterator[Any]:
-    deadline = None if timeout is None else time.monotonic() + timeout
+    """Each future's result in order, each future dropped once its result is
+    taken (as ``Executor.map`` does); whatever is left is cancelled."""
+    futures.reverse()
     try:
-        for future in futures:
+        while futures:
             left = None if deadline is None else deadline - time.monotonic()
-            value = future.result(left)
-            if flatten:
-                yield from value
-            else:
-                yield value
+            yield _result_or_cancel(futures.pop(), left)
     finally:
         for future in futures:
             future.cancel()
 
 
-def _resolver(future: concurrent.futures.Future[Any]) -> OnResult:
-    def resolve(result: Result) -> None:
-        try:
-            future.set_result(outcome(result))
-        except BaseException as exc:
-            future.set_exception(exc)
+def _result_or_cancel(
+    future: concurrent.futures.Future[Any], timeout: float | None
+) -> Any:
+    try:
+        return future.result(timeout)
+    finally:
+        future.cancel()  # a no-op once done: a timeout or an interrupt cancels it
 
-    return resolve
+
+def _flatten(chunks: Iterator[list[Any]]) -> Iterator[Any]:
+    for chunk in chunks:
+        chunk.reverse()
+        while chunk:
+            yield chunk.pop()
 
 
 class AsyncClient:
     """The pool for asyncio code: ``async with AsyncClient(ns) as client``.
+
+    Enter and leave it in the same task: it runs its connection in a task
+    group of that task.
 
     :param namespace: the pool's namespace.
     :param tags: tags every task of this client requires of its worker.
@@ -381,12 +388,17 @@ class AsyncClient:
         tags: Iterable[str] = (),
         task_timeout_s: float | None = None,
     ) -> None:
-        self.namespace = namespace
+        self.namespace = paths.validate_namespace(namespace)
         self._submissions = Submissions(tags, task_timeout_s)
         self._connection: Connection | None = None
+        self._group: asyncio.TaskGroup | None = None
 
     async def __aenter__(self) -> Self:
-        self._connection = Connection(self.namespace)
+        connection = Connection(self.namespace)
+        group = asyncio.TaskGroup()
+        await group.__aenter__()
+        group.create_task(connection.run())
+        self._connection, self._group = connection, group
         return self
 
     async def __aexit__(
@@ -398,9 +410,32 @@ class AsyncClient:
         await self.aclose()
 
     async def aclose(self) -> None:
-        if self._connection is not None:
-            connection, self._connection = self._connection, None
-            await connection.aclose()
+        """Close the stream; tasks still pending fail. Never raises over an
+        error already unwinding."""
+        if self._connection is None or self._group is None:
+            return
+        connection, group = self._connection, self._group
+        self._connection = self._group = None
+        connection.close(abandon=True)
+        await group.__aexit__(None, None, None)
+
+    def _send(
+        self, fn: Callable[..., Any] | str, args: tuple[Any, ...], kwargs: Any
+    ) -> tuple[int, asyncio.Future[Result]]:
+        if self._connection is None:
+            raise RuntimeError("use `async with AsyncClient(...)` before submitting")
+        submission = self._submissions.make(fn, args, kwargs)
+        answer: asyncio.Future[Result] = asyncio.get_running_loop().create_future()
+        self._connection.submit(submission, _AsyncHandler(answer))
+        return submission.task.id, answer
+
+    async def _outcome(self, task_id: int, answer: asyncio.Future[Result]) -> Any:
+        try:
+            return outcome(await answer)
+        except asyncio.CancelledError:
+            if self._connection is not None:
+                self._connection.cancel(task_id)
+            raise
 
     async def submit(
         self, fn: Callable[..., Any] | str, /, *args: Any, **kwargs: Any
@@ -409,47 +444,49 @@ class AsyncClient:
 
         Cancelling the awaiting task cancels the task in the pool.
         """
-        if self._connection is None:
-            raise RuntimeError("use `async with AsyncClient(...)` before submitting")
-        submission = self._submissions.make(fn, args, kwargs)
-        done: asyncio.Future[Result] = asyncio.get_running_loop().create_future()
-
-        def deliver(result: Result) -> None:
-            if not done.done():
-                done.set_result(result)
-
-        self._connection.submit(submission, deliver)
-        try:
-            return outcome(await done)
-        except asyncio.CancelledError:
-            self._connection.cancel(submission.task.id)
-            raise
+        return await self._outcome(*self._send(fn, args, kwargs))
 
     async def map(
         self, fn: Callable[..., Any], *iterables: Iterable[Any], chunksize: int = 1
     ) -> AsyncIterator[Any]:
-        """Results of ``fn`` over the iterables, in order."""
+        """Results of ``fn`` over the iterables, in order; every task is sent
+        at once, and those not yet awaited are cancelled if the loop stops."""
+        if chunksize < 1:
+            raise ValueError(f"chunksize must be at least 1, got {chunksize}")
         if chunksize == 1:
-            calls = [
-                asyncio.ensure_future(self.submit(fn, *a))
-                for a in zip(*iterables, strict=False)
+            sent = [self._send(fn, args, {}) for args in zip(*iterables, strict=False)]
+        else:
+            name = fn if isinstance(fn, str) else tasks.function_name(fn)
+            sent = [
+                self._send(tasks.CHUNK_FUNCTION, (name, chunk), {})
+                for chunk in _chunks(iterables, chunksize)
             ]
-            try:
-                for call in calls:
-                    yield await call
-            finally:
-                for call in calls:
-                    call.cancel()
-            return
-        name = tasks.function_name(fn)
-        chunks = [
-            asyncio.ensure_future(self.submit(tasks.CHUNK_FUNCTION, name, chunk))
-            for chunk in _chunks(iterables, chunksize)
-        ]
+        sent.reverse()
         try:
-            for chunk in chunks:
-                for value in await chunk:
+            while sent:
+                value = await self._outcome(*sent.pop())
+                if chunksize == 1:
                     yield value
+                else:
+                    for item in value:
+                        yield item
         finally:
-            for chunk in chunks:
-                chunk.cancel()
+            for task_id, answer in sent:
+                if not answer.done() and self._connection is not None:
+                    self._connection.cancel(task_id)
+
+
+class _AsyncHandler:
+    """Resolves an asyncio future with a task's result (on its loop)."""
+
+    __slots__ = ("_answer",)
+
+    def __init__(self, answer: asyncio.Future[Result]) -> None:
+        self._answer = answer
+
+    def accepted(self) -> None:
+        pass
+
+    def resolve(self, result: Result) -> None:
+        if not self._answer.done():
+            self._answer.set_result(result)

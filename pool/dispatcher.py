@@ -3,10 +3,21 @@
 A grpc.aio server on uvloop (a unix socket in the namespace's private
 directory, or ``HOST:0``) serving the Dispatcher service to clients. It
 follows the namespace's discovery events into a :class:`~pool.routing.Router`
-and answers each client stream with batches of results as they finish. It
-writes one ``READY {json}`` line (to ``--ready-fd``) once it serves, and
-exits on SIGTERM, SIGINT or the death of ``--parent``. Started and owned by
-the supervisor.
+and answers each client stream (a :class:`ClientStream`) with batches of
+results, and of the ids of tasks a worker has taken, as they come. It
+writes one ``READY {json}`` line (to ``--ready-fd``) once it serves.
+Started and owned by the supervisor, which tells it, one JSON line at a
+time on ``--control-fd`` (a pipe only the supervisor can write to), when
+the pool drains (``{"drain": true}``) and how each worker ended
+(``{"exit": {"pid": P, "status": "..."}}``).
+
+It stops on SIGTERM, SIGINT, the end of the control pipe or the death of
+the process ``--parent-fd`` names: it waits a bounded time for the last
+results of the workers' tasks, fails what is left with
+:class:`~pool.errors.PoolStopping`, delivers all of it, and only then ends
+the client streams. Its background work (the router, discovery, the
+control pipe, each client stream's reader) runs in task groups, so an
+error in any ends the process, logged, with exit status 1.
 """
 
 from __future__ import annotations
@@ -14,123 +25,144 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import json
 import logging
+import os
 import sys
 from collections.abc import AsyncIterator, Sequence
+from typing import Final
 
 import uvloop
 from grpc import aio
 
-from discovery import DiscoveryEvent, Subscriber, paths
+from discovery import Subscriber, paths
+from discovery.liveness import is_alive
 from pool import dispatcher_pb2_grpc
 from pool.dispatcher_pb2 import (
     ListWorkersReply,
     ListWorkersRequest,
-    Submission,
     SubmissionBatch,
-    WatchEvent,
-    WatchRequest,
-    WorkerExit,
-    WorkerExitReply,
     WorkerState,
 )
-from pool.routing import NO_WORKER_TIMEOUT_S, Deliver, Job, Router
+from pool.links import WorkerLink
+from pool.routing import MAX_QUEUED, NO_WORKER_TIMEOUT_S, Job, Router
 from workers import auth, lifecycle, tasks
 from workers.outbox import Outbox
 from workers.worker_pb2 import Result, ResultBatch
 
 log = logging.getLogger("pool.dispatcher")
 
-SOCKET_NAME = "dispatcher.sock"
+SOCKET_NAME: Final = "dispatcher.sock"
+# A client stream with this many tasks in the dispatcher is not read until
+# some finish (and none is read while the router's queue is full).
+MAX_STREAM_TASKS: Final = 10_000
+LINGER_S: Final = 5.0  # at stop, how long to wait for the workers' last results
+STREAMS_END_S: Final = 5.0  # then, for the client streams to take them
+
+
+class ClientStream:
+    """One client's SubmitStream: its tasks in the router, and its outbox."""
+
+    def __init__(self, router: Router, max_tasks: int) -> None:
+        self._router = router
+        self._max_tasks = max_tasks
+        self.jobs: dict[int, Job] = {}  # by the client's id
+        self.outbox = Outbox()
+        self._room = asyncio.Event()
+        self._reading = True
+
+    def on_accepted(self, job: Job) -> None:
+        if self.jobs.get(job.client_id) is job:
+            self.outbox.accept(job.client_id)
+
+    def on_result(self, job: Job, result: Result) -> None:
+        if self.jobs.get(job.client_id) is not job:
+            return
+        del self.jobs[job.client_id]
+        result.id = job.client_id
+        self.outbox.put(result)
+        if len(self.jobs) < self._max_tasks:
+            self._room.set()
+        if not self.jobs and not self._reading:
+            self.outbox.close()
+
+    async def read(self, requests: AsyncIterator[SubmissionBatch]) -> None:
+        """Take the client's submissions and cancels until it closes its side."""
+        router = self._router
+        async for batch in requests:
+            for submission in batch.submissions:
+                client_id = submission.task.id
+                if client_id in self.jobs:
+                    failure = tasks.id_reused(client_id)
+                    self.outbox.put(Result(id=client_id, failure=failure))
+                    continue
+                job = Job(submission.task, frozenset(submission.tags), self, client_id)
+                self.jobs[client_id] = job
+                router.submit(job)
+            router.pump()
+            for client_id in batch.cancel:
+                if (cancelled := self.jobs.get(client_id)) is not None:
+                    router.cancel(cancelled)
+            await self._wait_for_room()
+        self._reading = False
+        if not self.jobs:
+            self.outbox.close()
+
+    async def _wait_for_room(self) -> None:
+        """Stop reading (so gRPC flow control holds the client) while this
+        stream, or the router's queue, is full."""
+        while len(self.jobs) >= self._max_tasks or not self._router.room.is_set():
+            self._room.clear()
+            if len(self.jobs) >= self._max_tasks:
+                await self._room.wait()
+            else:
+                await self._router.room.wait()
+
+    def abandon(self) -> None:
+        """The client went away: cancel what it left."""
+        self._reading = False
+        jobs, self.jobs = list(self.jobs.values()), {}
+        for job in jobs:
+            self._router.cancel(job)
 
 
 class DispatcherService(dispatcher_pb2_grpc.DispatcherServicer):
     """What clients call; every task goes through the router."""
 
-    def __init__(self, router: Router) -> None:
+    def __init__(self, router: Router, max_stream_tasks: int = MAX_STREAM_TASKS):
         self._router = router
-        self._streams: set[Outbox[Result]] = set()
+        self._max_stream_tasks = max_stream_tasks
+        self._streams: set[ClientStream] = set()
+        self._no_streams = asyncio.Event()
+        self._no_streams.set()
 
     def end_streams(self) -> None:
-        """End every client stream cleanly before the server stops."""
-        for outbox in self._streams:
-            outbox.close()
+        """End every client stream once it has written what it holds."""
+        for stream in self._streams:
+            stream.outbox.close()
 
-    async def Submit(
-        self, request: Submission, context: aio.ServicerContext[Submission, Result]
-    ) -> Result:
-        client_id = request.task.id
-        done: asyncio.Future[Result] = asyncio.get_running_loop().create_future()
-
-        def deliver(result: Result) -> None:
-            if not done.done():
-                done.set_result(result)
-
-        job = self._router.submit(request.task, request.tags, deliver)
-        self._router.pump()
-        try:
-            result = await done
-        except asyncio.CancelledError:
-            self._router.cancel(job)
-            raise
-        result.id = client_id
-        return result
+    async def streams_ended(self) -> None:
+        await self._no_streams.wait()
 
     async def SubmitStream(
         self,
         request_iterator: AsyncIterator[SubmissionBatch],
         context: aio.ServicerContext[SubmissionBatch, ResultBatch],
     ) -> None:
-        outbox: Outbox[Result] = Outbox()
-        jobs: dict[int, Job] = {}
-        reader = asyncio.create_task(self._read(request_iterator, jobs, outbox))
-        self._streams.add(outbox)
+        stream = ClientStream(self._router, self._max_stream_tasks)
+        self._streams.add(stream)
+        self._no_streams.clear()
         try:
-            async for results in outbox.batches():
-                await context.write(ResultBatch(results=results))
+            async with asyncio.TaskGroup() as group:
+                reading = group.create_task(stream.read(request_iterator))
+                async for batch in stream.outbox.batches():
+                    await context.write(batch)
+                reading.cancel()  # the dispatcher is stopping: read no more
         finally:
-            self._streams.discard(outbox)
-            reader.cancel()
-            for job in list(jobs.values()):  # the client went away
-                self._router.cancel(job)
-
-    async def _read(
-        self,
-        requests: AsyncIterator[SubmissionBatch],
-        jobs: dict[int, Job],
-        outbox: Outbox[Result],
-    ) -> None:
-        finished = asyncio.Event()
-        closed = False
-
-        def deliverer(client_id: int) -> Deliver:
-            def deliver(result: Result) -> None:
-                jobs.pop(client_id, None)
-                result.id = client_id
-                outbox.put(result)
-                if closed and not jobs:
-                    finished.set()
-
-            return deliver
-
-        async for batch in requests:
-            for submission in batch.submissions:
-                client_id = submission.task.id
-                if client_id in jobs:
-                    outbox.put(Result(id=client_id, failure=tasks.id_reused(client_id)))
-                    continue
-                deliver = deliverer(client_id)
-                jobs[client_id] = self._router.submit(
-                    submission.task, submission.tags, deliver
-                )
-            self._router.pump()
-            for client_id in batch.cancel:
-                if (job := jobs.get(client_id)) is not None:
-                    self._router.cancel(job)
-        closed = True
-        if jobs:
-            await finished.wait()
-        outbox.close()
+            self._streams.discard(stream)
+            if not self._streams:
+                self._no_streams.set()
+            stream.abandon()
 
     async def ListWorkers(
         self,
@@ -145,69 +177,61 @@ class DispatcherService(dispatcher_pb2_grpc.DispatcherServicer):
             )
             for link in self._router.links.values()
         ]
-        return ListWorkersReply(workers=states, queued=len(self._router.queue))
-
-    async def Watch(
-        self,
-        request: WatchRequest,
-        context: aio.ServicerContext[WatchRequest, WatchEvent],
-    ) -> AsyncIterator[WatchEvent]:
-        events: asyncio.Queue[DiscoveryEvent] = asyncio.Queue()
-        for link in self._router.links.values():
-            events.put_nowait(DiscoveryEvent("worker-added", link.info))
-        self._router.watchers.add(events)
-        try:
-            while True:
-                event = await events.get()
-                yield WatchEvent(type=event.type, info=event.worker_info.to_protobuf())
-        finally:
-            self._router.watchers.discard(events)
-
-    async def ReportExit(
-        self,
-        request: WorkerExit,
-        context: aio.ServicerContext[WorkerExit, WorkerExitReply],
-    ) -> WorkerExitReply:
-        self._router.record_exit(request.pid, request.status)
-        return WorkerExitReply()
+        return ListWorkersReply(workers=states, queued=self._router.queued)
 
 
 async def serve(
     namespace: str,
     *,
     host: str | None = None,
-    parent: int | None = None,
+    parent_fd: int | None = None,
+    control_fd: int | None = None,
     ready_fd: int | None = None,
     no_worker_timeout_s: float = NO_WORKER_TIMEOUT_S,
+    max_queued: int = MAX_QUEUED,
 ) -> None:
-    """Serve the namespace's clients until told to stop."""
-    stopper = lifecycle.Stopper(parent)
-    token = auth.read_token(namespace)
-    router = Router(namespace, token, no_worker_timeout_s=no_worker_timeout_s)
-    server = aio.server(
-        interceptors=[auth.TokenInterceptor(token)], options=lifecycle.GRPC_OPTIONS
-    )
-    service = DispatcherService(router)
-    dispatcher_pb2_grpc.add_DispatcherServicer_to_server(service, server)  # type: ignore[no-untyped-call]
-    socket = paths.namespace_dir(namespace) / SOCKET_NAME
-    address, socket_path = lifecycle.bind(server, host, socket)
-    await server.start()
-    background = [
-        asyncio.create_task(_follow(namespace, router)),
-        asyncio.create_task(_expire(router)),
-    ]
+    """Serve the namespace's clients until told to stop; see the module doc."""
+    stopper = lifecycle.Stopper(parent_fd)
     try:
-        lifecycle.announce_ready(ready_fd, address=address)
-        await stopper.wait()
+        token = auth.read_token(namespace)
+        router = Router(
+            namespace,
+            WorkerLink.connector(token),
+            is_alive=is_alive,
+            no_worker_timeout_s=no_worker_timeout_s,
+            max_queued=max_queued,
+        )
+        server = aio.server(
+            interceptors=[auth.CallInterceptor(token)],
+            options=lifecycle.GRPC_OPTIONS,
+        )
+        service = DispatcherService(router, min(MAX_STREAM_TASKS, max_queued))
+        dispatcher_pb2_grpc.add_DispatcherServicer_to_server(service, server)  # type: ignore[no-untyped-call]
+        socket = paths.namespace_dir(namespace) / SOCKET_NAME
+        address, socket_path = lifecycle.bind(server, host, socket)
+        await server.start()
+        try:
+            async with router, asyncio.TaskGroup() as group:
+                following = group.create_task(_follow(namespace, router))
+                obeying = None
+                if control_fd is not None:
+                    obeying = group.create_task(_obey(control_fd, router, stopper))
+                lifecycle.announce_ready(ready_fd, address=address)
+                await stopper.wait()
+                following.cancel()
+                await router.finish(LINGER_S)  # every result in, or failed
+                service.end_streams()
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(STREAMS_END_S):
+                        await service.streams_ended()
+                if obeying is not None:
+                    obeying.cancel()
+        finally:
+            await server.stop(1.0)
+            if socket_path is not None:
+                socket_path.unlink(missing_ok=True)
     finally:
         stopper.close()
-        for task in background:
-            task.cancel()
-        service.end_streams()
-        await server.stop(1.0)
-        await router.aclose()
-        if socket_path is not None:
-            socket_path.unlink(missing_ok=True)
 
 
 async def _follow(namespace: str, router: Router) -> None:
@@ -215,10 +239,27 @@ async def _follow(namespace: str, router: Router) -> None:
         router.on_event(event)
 
 
-async def _expire(router: Router) -> None:
-    while True:
-        await asyncio.sleep(1.0)  # a ticker, not a wait for an event
-        router.expire()
+async def _obey(fd: int, router: Router, stopper: lifecycle.Stopper) -> None:
+    """Follow the supervisor's control lines; their end means it is gone."""
+    loop = asyncio.get_running_loop()
+    reader = asyncio.StreamReader()
+    transport, _ = await loop.connect_read_pipe(
+        lambda: asyncio.StreamReaderProtocol(reader), os.fdopen(fd, "rb", 0)
+    )
+    try:
+        while line := await reader.readline():
+            try:
+                order = json.loads(line)
+            except ValueError:
+                log.warning("ignoring a control line that is not JSON: %r", line)
+                continue
+            if order.get("drain"):
+                router.stop_taking()
+            if isinstance(exit := order.get("exit"), dict):
+                router.record_exit(int(exit["pid"]), str(exit["status"]))
+        stopper.stop()
+    finally:
+        transport.close()
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -233,7 +274,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         const=lifecycle.LOOPBACK,
         help=f"listen on TCP HOST:<free port> (default {lifecycle.LOOPBACK})",
     )
-    parser.add_argument("--parent", type=int, help="exit when this pid dies")
+    parser.add_argument(
+        "--parent-fd", type=int, help="a pidfd of the process whose death ends this"
+    )
+    parser.add_argument(
+        "--control-fd", type=int, help="read the supervisor's control lines here"
+    )
     parser.add_argument("--ready-fd", type=int, help="write the READY line here")
     parser.add_argument(
         "--no-worker-timeout-s",
@@ -241,21 +287,35 @@ def main(argv: Sequence[str] | None = None) -> int:
         default=NO_WORKER_TIMEOUT_S,
         help="fail a task that finds no matching ready worker this long",
     )
+    parser.add_argument(
+        "--max-queued",
+        type=int,
+        default=MAX_QUEUED,
+        help="tasks that may wait for a worker; past it, clients are held back "
+        f"(default {MAX_QUEUED})",
+    )
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="dispatcher: %(message)s")
     # watchdog warns when a watched directory's last events race the
     # observer's stop, as they do when the pool's files are removed at exit.
     logging.getLogger("watchdog").setLevel(logging.ERROR)
-    with contextlib.suppress(KeyboardInterrupt):
+    try:
         uvloop.run(
             serve(
                 args.namespace,
                 host=args.host,
-                parent=args.parent,
+                parent_fd=args.parent_fd,
+                control_fd=args.control_fd,
                 ready_fd=args.ready_fd,
                 no_worker_timeout_s=args.no_worker_timeout_s,
+                max_queued=args.max_queued,
             )
         )
+    except KeyboardInterrupt:
+        pass
+    except Exception:  # a background task died: say why, and be restarted
+        log.exception("stopped by an unexpected error")
+        return 1
     return 0
 
 

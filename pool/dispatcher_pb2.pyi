@@ -45,27 +45,3 @@ class ListWorkersReply(_message.Message):
     workers: _containers.RepeatedCompositeFieldContainer[WorkerState]
     queued: int
     def __init__(self, workers: _Optional[_Iterable[_Union[WorkerState, _Mapping]]] = ..., queued: _Optional[int] = ...) -> None: ...
-
-class WatchRequest(_message.Message):
-    __slots__ = ()
-    def __init__(self) -> None: ...
-
-class WatchEvent(_message.Message):
-    __slots__ = ("type", "info")
-    TYPE_FIELD_NUMBER: _ClassVar[int]
-    INFO_FIELD_NUMBER: _ClassVar[int]
-    type: str
-    info: _worker_info_pb2.WorkerInfo
-    def __init__(self, type: _Optional[str] = ..., info: _Optional[_Union[_worker_info_pb2.WorkerInfo, _Mapping]] = ...) -> None: ...
-
-class WorkerExit(_message.Message):
-    __slots__ = ("pid", "status")
-    PID_FIELD_NUMBER: _ClassVar[int]
-    STATUS_FIELD_NUMBER: _ClassVar[int]
-    pid: int
-    status: str
-    def __init__(self, pid: _Optional[int] = ..., status: _Optional[str] = ...) -> None: ...
-
-class WorkerExitReply(_message.Message):
-    __slots__ = ()
-    def __init__(self) -> None: ...

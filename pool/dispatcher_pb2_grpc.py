@@ -35,62 +35,34 @@ class DispatcherStub:
         Args:
             channel: A grpc.Channel.
         """
-        self.Submit = channel.unary_unary(
-                '/shmpool.pool.Dispatcher/Submit',
-                request_serializer=pool_dot_dispatcher__pb2.Submission.SerializeToString,
-                response_deserializer=workers_dot_worker__pb2.Result.FromString,
-                _registered_method=True)
         self.SubmitStream = channel.stream_stream(
-                '/shmpool.pool.Dispatcher/SubmitStream',
+                '/shmpool.dispatcher.v1.Dispatcher/SubmitStream',
                 request_serializer=pool_dot_dispatcher__pb2.SubmissionBatch.SerializeToString,
                 response_deserializer=workers_dot_worker__pb2.ResultBatch.FromString,
                 _registered_method=True)
         self.ListWorkers = channel.unary_unary(
-                '/shmpool.pool.Dispatcher/ListWorkers',
+                '/shmpool.dispatcher.v1.Dispatcher/ListWorkers',
                 request_serializer=pool_dot_dispatcher__pb2.ListWorkersRequest.SerializeToString,
                 response_deserializer=pool_dot_dispatcher__pb2.ListWorkersReply.FromString,
-                _registered_method=True)
-        self.Watch = channel.unary_stream(
-                '/shmpool.pool.Dispatcher/Watch',
-                request_serializer=pool_dot_dispatcher__pb2.WatchRequest.SerializeToString,
-                response_deserializer=pool_dot_dispatcher__pb2.WatchEvent.FromString,
-                _registered_method=True)
-        self.ReportExit = channel.unary_unary(
-                '/shmpool.pool.Dispatcher/ReportExit',
-                request_serializer=pool_dot_dispatcher__pb2.WorkerExit.SerializeToString,
-                response_deserializer=pool_dot_dispatcher__pb2.WorkerExitReply.FromString,
                 _registered_method=True)
 
 
 class DispatcherServicer:
     """Missing associated documentation comment in .proto file."""
 
-    def Submit(self, request, context):
-        """Missing associated documentation comment in .proto file."""
-        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
-        context.set_details('Method not implemented!')
-        raise NotImplementedError('Method not implemented!')
-
     def SubmitStream(self, request_iterator, context):
-        """Missing associated documentation comment in .proto file."""
+        """One stream per client: batches of submissions and cancels in; results,
+        and the ids of tasks a worker has taken ("accepted"), out. When the
+        stream has too many tasks in the dispatcher, the dispatcher stops
+        reading it until some finish (gRPC flow control holds the client).
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def ListWorkers(self, request, context):
-        """Missing associated documentation comment in .proto file."""
-        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
-        context.set_details('Method not implemented!')
-        raise NotImplementedError('Method not implemented!')
-
-    def Watch(self, request, context):
-        """Missing associated documentation comment in .proto file."""
-        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
-        context.set_details('Method not implemented!')
-        raise NotImplementedError('Method not implemented!')
-
-    def ReportExit(self, request, context):
-        """Missing associated documentation comment in .proto file."""
+        """The dispatcher's view of its workers and its queue (`pool workers`).
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
@@ -98,11 +70,6 @@ class DispatcherServicer:
 
 def add_DispatcherServicer_to_server(servicer, server):
     rpc_method_handlers = {
-            'Submit': grpc.unary_unary_rpc_method_handler(
-                    servicer.Submit,
-                    request_deserializer=pool_dot_dispatcher__pb2.Submission.FromString,
-                    response_serializer=workers_dot_worker__pb2.Result.SerializeToString,
-            ),
             'SubmitStream': grpc.stream_stream_rpc_method_handler(
                     servicer.SubmitStream,
                     request_deserializer=pool_dot_dispatcher__pb2.SubmissionBatch.FromString,
@@ -113,53 +80,16 @@ def add_DispatcherServicer_to_server(servicer, server):
                     request_deserializer=pool_dot_dispatcher__pb2.ListWorkersRequest.FromString,
                     response_serializer=pool_dot_dispatcher__pb2.ListWorkersReply.SerializeToString,
             ),
-            'Watch': grpc.unary_stream_rpc_method_handler(
-                    servicer.Watch,
-                    request_deserializer=pool_dot_dispatcher__pb2.WatchRequest.FromString,
-                    response_serializer=pool_dot_dispatcher__pb2.WatchEvent.SerializeToString,
-            ),
-            'ReportExit': grpc.unary_unary_rpc_method_handler(
-                    servicer.ReportExit,
-                    request_deserializer=pool_dot_dispatcher__pb2.WorkerExit.FromString,
-                    response_serializer=pool_dot_dispatcher__pb2.WorkerExitReply.SerializeToString,
-            ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
-            'shmpool.pool.Dispatcher', rpc_method_handlers)
+            'shmpool.dispatcher.v1.Dispatcher', rpc_method_handlers)
     server.add_generic_rpc_handlers((generic_handler,))
-    server.add_registered_method_handlers('shmpool.pool.Dispatcher', rpc_method_handlers)
+    server.add_registered_method_handlers('shmpool.dispatcher.v1.Dispatcher', rpc_method_handlers)
 
 
  # This class is part of an EXPERIMENTAL API.
 class Dispatcher:
     """Missing associated documentation comment in .proto file."""
-
-    @staticmethod
-    def Submit(request,
-            target,
-            options=(),
-            channel_credentials=None,
-            call_credentials=None,
-            insecure=False,
-            compression=None,
-            wait_for_ready=None,
-            timeout=None,
-            metadata=None):
-        return grpc.experimental.unary_unary(
-            request,
-            target,
-            '/shmpool.pool.Dispatcher/Submit',
-            pool_dot_dispatcher__pb2.Submission.SerializeToString,
-            workers_dot_worker__pb2.Result.FromString,
-            options,
-            channel_credentials,
-            insecure,
-            call_credentials,
-            compression,
-            wait_for_ready,
-            timeout,
-            metadata,
-            _registered_method=True)
 
     @staticmethod
     def SubmitStream(request_iterator,
@@ -175,7 +105,7 @@ class Dispatcher:
         return grpc.experimental.stream_stream(
             request_iterator,
             target,
-            '/shmpool.pool.Dispatcher/SubmitStream',
+            '/shmpool.dispatcher.v1.Dispatcher/SubmitStream',
             pool_dot_dispatcher__pb2.SubmissionBatch.SerializeToString,
             workers_dot_worker__pb2.ResultBatch.FromString,
             options,
@@ -202,63 +132,9 @@ class Dispatcher:
         return grpc.experimental.unary_unary(
             request,
             target,
-            '/shmpool.pool.Dispatcher/ListWorkers',
+            '/shmpool.dispatcher.v1.Dispatcher/ListWorkers',
             pool_dot_dispatcher__pb2.ListWorkersRequest.SerializeToString,
             pool_dot_dispatcher__pb2.ListWorkersReply.FromString,
-            options,
-            channel_credentials,
-            insecure,
-            call_credentials,
-            compression,
-            wait_for_ready,
-            timeout,
-            metadata,
-            _registered_method=True)
-
-    @staticmethod
-    def Watch(request,
-            target,
-            options=(),
-            channel_credentials=None,
-            call_credentials=None,
-            insecure=False,
-            compression=None,
-            wait_for_ready=None,
-            timeout=None,
-            metadata=None):
-        return grpc.experimental.unary_stream(
-            request,
-            target,
-            '/shmpool.pool.Dispatcher/Watch',
-            pool_dot_dispatcher__pb2.WatchRequest.SerializeToString,
-            pool_dot_dispatcher__pb2.WatchEvent.FromString,
-            options,
-            channel_credentials,
-            insecure,
-            call_credentials,
-            compression,
-            wait_for_ready,
-            timeout,
-            metadata,
-            _registered_method=True)
-
-    @staticmethod
-    def ReportExit(request,
-            target,
-            options=(),
-            channel_credentials=None,
-            call_credentials=None,
-            insecure=False,
-            compression=None,
-            wait_for_ready=None,
-            timeout=None,
-            metadata=None):
-        return grpc.experimental.unary_unary(
-            request,
-            target,
-            '/shmpool.pool.Dispatcher/ReportExit',
-            pool_dot_dispatcher__pb2.WorkerExit.SerializeToString,
-            pool_dot_dispatcher__pb2.WorkerExitReply.FromString,
             options,
             channel_credentials,
             insecure,

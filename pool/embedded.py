@@ -4,11 +4,17 @@ The supervisor runs on its own uvloop loop on a daemon thread (so no
 signal handlers: this process's own Ctrl-C ends it through ``__exit__``);
 its children are separate processes as ever, and exit by themselves if
 this process dies. ``__enter__`` returns a :class:`~pool.client.Client`.
+
+A pool still open when the interpreter exits is stopped then, after its
+client's pending futures are done (as ``ProcessPoolExecutor`` does). If
+this process is killed instead, its children exit by themselves, and the
+next pool to start removes what this one left (``discovery.sweep_dead``).
 """
 
 from __future__ import annotations
 
 import asyncio
+import atexit
 import contextlib
 import io
 import threading
@@ -20,6 +26,7 @@ import uvloop
 
 from pool.client import Client
 from pool.errors import PoolError
+from pool.routing import MAX_QUEUED
 from pool.supervisor import Options, Supervisor
 from pool.view import PlainView
 
@@ -29,11 +36,15 @@ START_TIMEOUT_S: Final = 60.0
 class Pool:
     """Start a pool on entry, stop it (leaving nothing behind) on exit.
 
-    :param workers: worker processes to start.
+    :param workers: worker processes to start (at least 1).
     :param namespace: its namespace (a fresh one by default).
     :param concurrency: tasks each worker runs at once.
     :param tags: tags every worker has.
     :param no_worker_timeout_s: how long a task waits for a matching worker.
+    :param stuck_grace_s: how long a worker whose every thread is held by a
+        timed-out or cancelled task may stay so before it is replaced.
+    :param max_queued: how many tasks may wait for a worker in the dispatcher.
+    :raises ValueError: for a bad number of workers, concurrency or namespace.
     """
 
     def __init__(
@@ -44,13 +55,19 @@ class Pool:
         concurrency: int = 1,
         tags: tuple[str, ...] = (),
         no_worker_timeout_s: float = 30.0,
+        stuck_grace_s: float = 60.0,
+        max_queued: int = MAX_QUEUED,
     ) -> None:
         self.options = Options(
-            namespace=namespace or f"pool-{uuid.uuid4().hex[:12]}",
+            namespace=f"pool-{uuid.uuid4().hex[:12]}"
+            if namespace is None
+            else namespace,
             workers=workers,
             concurrency=concurrency,
             tags=tags,
             no_worker_timeout_s=no_worker_timeout_s,
+            stuck_grace_s=stuck_grace_s,
+            max_queued=max_queued,
         )
         self.log = io.StringIO()  # what `pool up` would have printed
         self._thread: threading.Thread | None = None
@@ -70,7 +87,12 @@ class Pool:
         if not self._ready.wait(START_TIMEOUT_S) or self._error is not None:
             self._shutdown()
             raise PoolError(f"the pool did not start: {self._error}") from self._error
-        self._client = Client(self.namespace)
+        atexit.register(self.close)
+        try:
+            self._client = Client(self.namespace)
+        except BaseException:
+            self.close()
+            raise
         return self._client
 
     def __exit__(
@@ -79,6 +101,11 @@ class Pool:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Wait for the client's futures, then drain and stop the pool."""
+        atexit.unregister(self.close)
         if self._client is not None:
             self._client.shutdown()
         self._shutdown()
@@ -94,14 +121,7 @@ class Pool:
     async def _main(self) -> None:
         self._loop = asyncio.get_running_loop()
         self._stop = asyncio.Event()
-        supervisor = Supervisor(self.options, PlainView(self.log))
-        ready = asyncio.create_task(supervisor.ready.wait())
-
-        def announce(done: asyncio.Task[bool]) -> None:
-            if not done.cancelled():  # cancelled: run() failed; _run reports it
-                self._ready.set()
-
-        ready.add_done_callback(announce)
+        supervisor = Supervisor(self.options, PlainView(self.log), self._ready.set)
         await supervisor.run(self._stop, asyncio.Event())
 
     def _shutdown(self) -> None:

@@ -27,6 +27,30 @@ class PoolNotRunning(PoolError, ConnectionError):
         )
 
 
+class PoolStopping(PoolNotRunning):
+    """The pool is stopping: the task was never run, or its worker stopped
+    before it finished. Submit it again to a pool that runs."""
+
+    def __str__(self) -> str:
+        why = self.detail or "this task was never sent to a worker"
+        return (
+            f"the pool in namespace {self.namespace!r} is stopping ({why}); "
+            f"submit the task again once a pool runs there"
+        )
+
+
+class ProtocolMismatch(PoolError):
+    """The pool and this client speak different versions of the wire
+    protocol: install the same shm-pool version on both sides."""
+
+    def __init__(self, namespace: str, detail: str) -> None:
+        super().__init__(namespace, detail)
+        self.namespace, self.detail = namespace, detail
+
+    def __str__(self) -> str:
+        return f"the pool in namespace {self.namespace!r} refused us: {self.detail}"
+
+
 class PoolAlreadyRunning(PoolError):
     """A live pool already owns the namespace."""
 
@@ -59,13 +83,22 @@ class NoWorkerAvailable(PoolError, TimeoutError):
 
 class WorkerLost(PoolError):
     """The task's worker died under it too many times: the task may be what
-    kills them (a poison task), so it is not run again."""
+    kills them (a poison task), so it is not run again.
+
+    ``attempts`` counts the workers that had taken the task when they died;
+    ``workers`` says, for each, its pid, uid and how it ended.
+    """
 
     def __init__(self, attempts: int, workers: tuple[str, ...]) -> None:
         super().__init__(attempts, workers)
         self.attempts, self.workers = attempts, workers
 
     def __str__(self) -> str:
+        if not self.workers:
+            return (
+                f"the task was sent to {self.attempts} workers that each died "
+                f"before taking it; not retrying it"
+            )
         return (
             f"the task was lost with its worker {self.attempts} time(s) "
             f"({'; '.join(self.workers)}); not retrying it"

@@ -1,15 +1,34 @@
-"""Routing tasks to the workers discovery finds.
+"""Routing tasks to the workers discovery finds: the dispatcher's logic.
 
 :class:`Router` owns the queue of tasks waiting for a worker and one
-:class:`WorkerLink` per discovered worker: a channel and one ``Run`` stream
-carrying batches of tasks out and results back. It places each task on the
-least-loaded ready worker whose tags include the task's, never past the
-worker's ``capacity``. When a worker is lost (dropped, or its stream
-breaks), its unfinished tasks go back to the front of the queue, at most
-``max_attempts`` times each, after which they fail with
-:class:`~pool.errors.WorkerLost`. A task with no matching ready worker
-fails with :class:`~pool.errors.NoWorkerAvailable` after
-``no_worker_timeout_s``. Caller: :mod:`pool.dispatcher`, on its loop.
+:class:`Link` per discovered worker (a stream to it; the real one is
+:class:`pool.links.WorkerLink`). It places each task on the least-loaded
+ready worker whose tags include the task's, never past the worker's
+``capacity``. Caller: :mod:`pool.dispatcher`, on its loop; the unit tests
+drive it with fake links.
+
+Attempts. A worker tells the router which tasks it has *taken* before it
+starts any of them. When a worker is lost (its stream ends, or it is
+dropped and its stream ended after a grace), its unfinished tasks go back
+to the front of the queue: a task it had taken counts one attempt, one it
+had not taken counts none (it never ran there). At ``max_attempts`` the
+task fails with :class:`~pool.errors.WorkerLost`, which says how each
+worker died. A task lost untaken :data:`MAX_UNTAKEN_LOSSES` times fails
+too, so that nothing is retried forever.
+
+Bounds. At most ``max_queued`` tasks wait; :attr:`Router.room` is clear
+while the queue is full, and the client streams stop reading until it is
+set again. A task with no matching ready worker fails with
+:class:`~pool.errors.NoWorkerAvailable` after ``no_worker_timeout_s``.
+
+Stopping. :meth:`Router.stop_taking` (the pool drains) fails every queued
+task with :class:`~pool.errors.PoolStopping` at once, and every task
+submitted later; tasks on workers finish and are delivered.
+:meth:`Router.finish` waits a bounded time for them, then fails the rest.
+
+Every background task (the links, the expiry ticker, failures that wait
+for an exit report) runs in the task group the router holds while it is
+entered (``async with Router(...) as router``).
 """
 
 from __future__ import annotations
@@ -17,209 +36,218 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
-import logging
 import time
 from collections import deque
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Coroutine, Iterable
 from dataclasses import dataclass, field
-from typing import Final
+from types import TracebackType
+from typing import Any, Final, Protocol, Self
 from uuid import UUID
 
 import grpc
-from grpc import aio
 
 from discovery import DiscoveryEvent, WorkerInfo
-from discovery.liveness import is_alive
-from pool.errors import NoWorkerAvailable, WorkerLost
-from workers import auth, tasks
-from workers.lifecycle import GRPC_OPTIONS
-from workers.worker_pb2 import Result, Task, TaskBatch
-from workers.worker_pb2_grpc import WorkerStub
-
-log = logging.getLogger(__name__)
+from pool.errors import NoWorkerAvailable, PoolStopping, WorkerLost
+from workers import tasks
+from workers.worker_pb2 import Result, Task
 
 NO_WORKER_TIMEOUT_S: Final = 30.0
 MAX_ATTEMPTS: Final = 3
+MAX_UNTAKEN_LOSSES: Final = 10
+MAX_QUEUED: Final = 100_000
 RECONNECT_DELAY_S: Final = 0.5
+LEAVE_GRACE_S: Final = 5.0  # a dropped worker's stream may finish this long
 EXIT_REPORT_WAIT_S: Final = 1.0
 EXITS_KEPT: Final = 1024
+EXPIRE_EVERY_S: Final = 1.0
 
-Deliver = Callable[[Result], None]
+
+class Owner(Protocol):
+    """Whoever submitted a job (a client stream) and hears of its fate."""
+
+    def on_accepted(self, job: Job) -> None: ...
+    def on_result(self, job: Job, result: Result) -> None: ...
 
 
-@dataclass(eq=False)
+class Link(Protocol):
+    """A stream to one worker, as the router uses it."""
+
+    info: WorkerInfo
+    in_flight: dict[int, Job]  # by the dispatcher's task id
+    done: int
+    dropped: bool  # discovery dropped the worker; its stream may still finish
+
+    @property
+    def ready(self) -> bool: ...
+    @property
+    def free(self) -> int: ...
+    def send(self, job: Job) -> None: ...
+    def withdraw(self, job: Job) -> bool: ...
+    def cancel(self, task_id: int) -> None: ...
+    async def run(self) -> None: ...
+    def close(self) -> None: ...
+
+
+Connect = Callable[[WorkerInfo, "Router"], Link]
+
+
+@dataclass(eq=False, slots=True)
 class Job:
     """A task in the dispatcher's hands, from submission to its result."""
 
     task: Task  # its id is the dispatcher's own
     tags: frozenset[str]
-    deliver: Deliver
-    attempts: int = 0
+    owner: Owner
+    client_id: int
+    attempts: int = 0  # workers lost after they had taken it
+    untaken_losses: int = 0  # workers lost before they took it
     lost_on: list[WorkerInfo] = field(default_factory=list)
     unplaceable_since: float | None = None
-    link: WorkerLink | None = None
-
-
-class WorkerLink:
-    """The dispatcher's connection to one worker, and the tasks it has there."""
-
-    def __init__(self, info: WorkerInfo, token: str, router: Router) -> None:
-        self.info = info
-        self.in_flight: dict[int, Job] = {}
-        self.done = 0
-        self.connected = False  # the stream reached the worker
-        self.broken = False
-        self._router = router
-        self._outbox: list[Task] = []
-        self._cancels: list[int] = []
-        self._wake = asyncio.Event()
-        self._channel = aio.insecure_channel(info.address, options=GRPC_OPTIONS)
-        stub = WorkerStub(self._channel)  # type: ignore[no-untyped-call]
-        self._call = stub.Run(metadata=auth.call_metadata(token))
-        self._io = [
-            asyncio.create_task(self._send()),
-            asyncio.create_task(self._receive()),
-        ]
-
-    @property
-    def free(self) -> int:
-        """Tasks it may still take."""
-        return self.info.capacity - len(self.in_flight)
-
-    @property
-    def ready(self) -> bool:
-        """Takes tasks: connected, not broken, and not draining."""
-        return self.connected and not self.broken and self.info.status == "ready"
-
-    def describe(self) -> str:
-        return f"worker pid {self.info.pid} ({str(self.info.uid)[:8]})"
-
-    def send(self, job: Job) -> None:
-        job.link = self
-        self.in_flight[job.task.id] = job
-        self._outbox.append(job.task)
-        self._wake.set()
-
-    def cancel(self, task_id: int) -> None:
-        self._cancels.append(task_id)
-        self._wake.set()
-
-    async def _send(self) -> None:
-        try:
-            await self._call.wait_for_connection()
-        except aio.AioRpcError:
-            return  # _receive reports it
-        self.connected = True
-        self._router.pump()
-        while True:
-            await self._wake.wait()
-            self._wake.clear()
-            batch = TaskBatch(tasks=self._outbox, cancel=self._cancels)
-            self._outbox, self._cancels = [], []
-            try:
-                await self._call.write(batch)
-            except (aio.AioRpcError, aio.UsageError, asyncio.InvalidStateError):
-                return  # _receive sees the stream end
-
-    async def _receive(self) -> None:
-        try:
-            async for batch in self._call:
-                for result in batch.results:
-                    self._router.on_result(self, result)
-        except aio.AioRpcError as exc:
-            if exc.code() != grpc.StatusCode.CANCELLED:
-                log.info("%s: stream broke: %s", self.describe(), exc.code().name)
-        finally:
-            self.broken = True
-            self._router.on_lost(self)
-
-    async def aclose(self) -> None:
-        """Stop the stream and close the channel. Never raises."""
-        self.broken = True
-        self._call.cancel()
-        for io in self._io:
-            io.cancel()
-        for io in self._io:
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await io
-        await self._channel.close()
+    link: Link | None = None
+    taken: bool = False  # its current link's worker took it
+    finished: bool = False  # answered (or cancelled while queued)
 
 
 class Router:
-    """The queue of waiting tasks and the links to workers; see the module doc."""
+    """The queue of waiting tasks and the links to workers; see the module doc.
+
+    :param connect: makes the link to a newly discovered worker.
+    :param is_alive: whether a worker is still registered by a live process
+        (its liveness lock); a link that breaks to a live worker reconnects.
+    """
 
     def __init__(
         self,
         namespace: str,
-        token: str,
+        connect: Connect,
         *,
+        is_alive: Callable[[str, UUID], bool],
         no_worker_timeout_s: float = NO_WORKER_TIMEOUT_S,
         max_attempts: int = MAX_ATTEMPTS,
+        max_queued: int = MAX_QUEUED,
     ) -> None:
-        self._namespace = namespace
-        self._token = token
+        if max_attempts < 1 or max_queued < 1:
+            raise ValueError("max_attempts and max_queued must be at least 1")
+        self.namespace = namespace
+        self._connect = connect
+        self._is_alive = is_alive
         self._no_worker_timeout_s = no_worker_timeout_s
         self._max_attempts = max_attempts
+        self.max_queued = max_queued
         self._ids = itertools.count(1)
-        self.links: dict[UUID, WorkerLink] = {}
+        self.links: dict[UUID, Link] = {}  # registered workers
+        self._open: set[Link] = set()  # every link whose stream still runs
         self.queue: deque[Job] = deque()
-        self.watchers: set[asyncio.Queue[DiscoveryEvent]] = set()
-        self._closing: set[asyncio.Task[None]] = set()
+        self.queued = 0  # jobs in the queue not finished (cancelled ones linger)
+        self.room = asyncio.Event()  # set while fewer than max_queued wait
+        self.room.set()
+        self.stopping = False
+        self._group: asyncio.TaskGroup | None = None
+        self._expiring: asyncio.Task[None]
+        self._closed = False
+        self._settled = asyncio.Event()  # stopping, and no worker has a task
         self._exits: dict[int, str] = {}  # pid -> how it ended, newest last
         self._exit_waiters: dict[int, asyncio.Event] = {}
 
-    # -- discovery ---------------------------------------------------------
+    # -- lifetime ------------------------------------------------------------
+
+    async def __aenter__(self) -> Self:
+        """Start owning the links and timers (in a task group of the
+        entering task, which an error in any of them cancels)."""
+        group = asyncio.TaskGroup()
+        await group.__aenter__()
+        self._group = group
+        self._expiring = group.create_task(self._expire_every(EXPIRE_EVERY_S))
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        """Close every link and wait for all of it to end."""
+        assert self._group is not None
+        self._closed = True
+        self._expiring.cancel()
+        for link in list(self._open):
+            link.close()
+        group, self._group = self._group, None
+        await group.__aexit__(exc_type, exc, tb)
+
+    def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
+        assert self._group is not None, "use the router inside `async with`"
+        self._group.create_task(coro)
+
+    # -- discovery -----------------------------------------------------------
 
     def on_event(self, event: DiscoveryEvent) -> None:
         info = event.worker_info
         match event.type:
             case "worker-added":
-                self.links[info.uid] = WorkerLink(info, self._token, self)
+                self._open_link(info)
             case "worker-updated":
                 if (link := self.links.get(info.uid)) is not None:
                     link.info = info
             case "worker-dropped":
                 if (link := self.links.pop(info.uid, None)) is not None:
-                    self._requeue(link)
-                    self._close_later(link)
-        for watcher in self.watchers:
-            watcher.put_nowait(event)
+                    link.dropped = True  # takes nothing more; may still answer
+                    loop = asyncio.get_running_loop()
+                    loop.call_later(LEAVE_GRACE_S, link.close)
         self.pump()
 
-    def on_lost(self, link: WorkerLink) -> None:
+    def _open_link(self, info: WorkerInfo) -> None:
+        link = self._connect(info, self)
+        self.links[info.uid] = link
+        self._open.add(link)
+        self._spawn(self._serve(link))
+
+    async def _serve(self, link: Link) -> None:
+        try:
+            await link.run()
+        finally:
+            self._open.discard(link)
+            self._lost(link)
+
+    def _lost(self, link: Link) -> None:
         """A link's stream ended: its tasks go elsewhere; reconnect if the
         worker is still registered and alive (its drop is coming otherwise)."""
         self._requeue(link)
-        alive = is_alive(self._namespace, link.info.uid)
-        if alive and self.links.get(link.info.uid) is link:
-            asyncio.get_running_loop().call_later(
-                RECONNECT_DELAY_S, self._reconnect, link
-            )
+        if self.links.get(link.info.uid) is link and not self._closed:
+            if self._is_alive(self.namespace, link.info.uid):
+                self._spawn(self._reconnect(link))
+            else:
+                del self.links[link.info.uid]
         self.pump()
 
-    def _reconnect(self, old: WorkerLink) -> None:
-        if self.links.get(old.info.uid) is old:
-            self.links[old.info.uid] = WorkerLink(old.info, self._token, self)
-            self._close_later(old)
+    async def _reconnect(self, old: Link) -> None:
+        await asyncio.sleep(RECONNECT_DELAY_S)  # a pause, not a wait for an event
+        if self.links.get(old.info.uid) is old and not self._closed:
+            self._open_link(old.info)
             self.pump()
 
-    def _close_later(self, link: WorkerLink) -> None:
-        closing = asyncio.create_task(link.aclose())
-        self._closing.add(closing)
-        closing.add_done_callback(self._closing.discard)
-
-    def _requeue(self, link: WorkerLink) -> None:
+    def _requeue(self, link: Link) -> None:
         jobs, link.in_flight = list(link.in_flight.values()), {}
         for job in reversed(jobs):  # keep their order at the queue's front
             job.link = None
-            job.attempts += 1
-            job.lost_on.append(link.info)
-            if job.attempts >= self._max_attempts:
-                failing = asyncio.create_task(self._fail_lost(job))
-                self._closing.add(failing)
-                failing.add_done_callback(self._closing.discard)
+            if job.finished:
+                continue
+            if job.taken:
+                job.attempts += 1
+                job.lost_on.append(link.info)
             else:
-                self.queue.appendleft(job)
+                job.untaken_losses += 1
+            job.taken = False
+            if job.attempts >= self._max_attempts:
+                self._spawn(self._fail_lost(job))
+            elif job.untaken_losses >= MAX_UNTAKEN_LOSSES:
+                self._fail(job, WorkerLost(job.untaken_losses, ()))
+            elif self.stopping:
+                detail = "its worker stopped before it finished"
+                self._fail(job, PoolStopping(self.namespace, detail))
+            else:
+                self._enqueue(job, front=True)
+        self._check_settled()
 
     async def _fail_lost(self, job: Job) -> None:
         """Fail a task that lost its worker too often, saying how each died
@@ -236,8 +264,7 @@ class Router:
             f"{self._exits.get(info.pid, 'ended, how unknown')}"
             for info in job.lost_on
         )
-        lost = WorkerLost(job.attempts, workers)
-        job.deliver(Result(id=job.task.id, failure=tasks.failure_of(lost)))
+        self._fail(job, WorkerLost(job.attempts, workers))
 
     def record_exit(self, pid: int, status: str) -> None:
         """The supervisor's word on how worker ``pid`` ended."""
@@ -249,34 +276,78 @@ class Router:
 
     # -- tasks ---------------------------------------------------------------
 
-    def submit(self, task: Task, tags: Iterable[str], deliver: Deliver) -> Job:
-        """Queue a task (its id is replaced by the dispatcher's own). Call
-        :meth:`pump` once the caller's batch is queued."""
-        task.id = next(self._ids)
-        job = Job(task, frozenset(tags), deliver)
-        self.queue.append(job)
-        return job
+    def submit(self, job: Job) -> None:
+        """Queue a job (its task's id is replaced by the dispatcher's own).
+        Call :meth:`pump` once the caller's batch is queued. While stopping,
+        the job fails at once."""
+        job.task.id = next(self._ids)
+        if self.stopping:
+            self._fail(job, PoolStopping(self.namespace))
+        else:
+            self._enqueue(job)
+
+    def _enqueue(self, job: Job, front: bool = False) -> None:
+        if front:
+            self.queue.appendleft(job)
+        else:
+            self.queue.append(job)
+        self.queued += 1
+        if self.queued >= self.max_queued:
+            self.room.clear()
+
+    def _dequeued(self) -> None:
+        self.queued -= 1
+        if self.queued < self.max_queued:
+            self.room.set()
 
     def cancel(self, job: Job) -> None:
-        """Cancel a task: at once if queued, through its worker if running."""
-        if job.link is not None:
-            job.link.cancel(job.task.id)
+        """Cancel a task: at once if no worker has it, else through its worker."""
+        if job.finished:
             return
-        with contextlib.suppress(ValueError):
-            self.queue.remove(job)
-            job.deliver(Result(id=job.task.id, failure=tasks.cancelled()))
+        link = job.link
+        if link is None:  # queued: it leaves the queue when the pump meets it
+            self._dequeued()
+            self._deliver(job, Result(id=job.task.id, failure=tasks.cancelled()))
+        elif link.withdraw(job):  # not written to the worker yet
+            del link.in_flight[job.task.id]
+            job.link = None
+            self._deliver(job, Result(id=job.task.id, failure=tasks.cancelled()))
+        else:
+            link.cancel(job.task.id)
 
-    def on_result(self, link: WorkerLink, result: Result) -> None:
+    def _deliver(self, job: Job, result: Result) -> None:
+        job.finished = True
+        job.owner.on_result(job, result)
+
+    def _fail(
+        self, job: Job, error: Exception, code: grpc.StatusCode | None = None
+    ) -> None:
+        failure = tasks.failure_of(error, code or grpc.StatusCode.ABORTED, remote=False)
+        self._deliver(job, Result(id=job.task.id, failure=failure))
+
+    def on_accepted(self, link: Link, task_ids: Iterable[int]) -> None:
+        """The worker on ``link`` has taken these tasks."""
+        for task_id in task_ids:
+            if (job := link.in_flight.get(task_id)) is not None and not job.taken:
+                job.taken = True
+                job.owner.on_accepted(job)
+
+    def on_result(self, link: Link, result: Result) -> None:
         job = link.in_flight.pop(result.id, None)
         if job is None:
-            return  # already requeued elsewhere
+            return  # requeued elsewhere already, or withdrawn
         job.link = None
         failed = result.HasField("failure")
         if failed and tasks.status_of(result.failure) == grpc.StatusCode.UNAVAILABLE:
-            self.queue.appendleft(job)  # the worker is draining
+            job.taken = False  # the worker could not run it: not an attempt
+            if self.stopping:
+                self._fail(job, PoolStopping(self.namespace))
+            else:
+                self._enqueue(job, front=True)
         else:
             link.done += 1
-            job.deliver(result)
+            self._deliver(job, result)
+        self._check_settled()
         self.pump()
 
     def pump(self) -> None:
@@ -288,12 +359,15 @@ class Router:
         waiting: deque[Job] = deque()
         while self.queue and free > 0:
             job = self.queue.popleft()
+            if job.finished:
+                continue  # cancelled while it waited (counted out then)
             open_ = [
                 link for link in ready if link.free > 0 and job.tags <= link.info.tags
             ]
             if not open_:
                 waiting.append(job)
                 continue
+            self._dequeued()
             min(open_, key=_load).send(job)
             free -= 1
         self.queue.extendleft(reversed(waiting))  # skipped jobs keep their place
@@ -308,21 +382,57 @@ class Router:
         ready = [link.info.tags for link in self.links.values() if link.ready]
         keep: deque[Job] = deque()
         for job in self.queue:
+            if job.finished:
+                continue
             if any(job.tags <= tags for tags in ready):
                 job.unplaceable_since = None
             elif job.unplaceable_since is None:
                 job.unplaceable_since = now
             elif now - job.unplaceable_since >= limit:
+                self._dequeued()
                 error = NoWorkerAvailable(tuple(sorted(job.tags)), limit)
-                job.deliver(Result(id=job.task.id, failure=tasks.failure_of(error)))
+                self._fail(job, error, grpc.StatusCode.DEADLINE_EXCEEDED)
                 continue
             keep.append(job)
         self.queue = keep
 
-    async def aclose(self) -> None:
-        links, self.links = list(self.links.values()), {}
-        await asyncio.gather(*(link.aclose() for link in links), *self._closing)
+    async def _expire_every(self, interval_s: float) -> None:
+        while True:
+            await asyncio.sleep(interval_s)  # a ticker, not a wait for an event
+            self.expire()
+
+    # -- stopping ------------------------------------------------------------
+
+    def stop_taking(self) -> None:
+        """The pool drains: fail what waits, and whatever comes later."""
+        if self.stopping:
+            return
+        self.stopping = True
+        queue, self.queue = self.queue, deque()
+        for job in queue:
+            if not job.finished:
+                self._dequeued()
+                self._fail(job, PoolStopping(self.namespace))
+        self._check_settled()
+
+    def _check_settled(self) -> None:
+        if self.stopping and not any(link.in_flight for link in self._open):
+            self._settled.set()
+
+    async def finish(self, linger_s: float) -> None:
+        """Stop: wait up to ``linger_s`` for the workers' last results, then
+        fail every task still unanswered."""
+        self.stop_taking()
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(linger_s):
+                await self._settled.wait()
+        detail = "the pool stopped before its worker answered"
+        for link in list(self._open):
+            jobs, link.in_flight = list(link.in_flight.values()), {}
+            for job in jobs:
+                if not job.finished:
+                    self._fail(job, PoolStopping(self.namespace, detail))
 
 
-def _load(link: WorkerLink) -> float:
+def _load(link: Link) -> float:
     return len(link.in_flight) / link.info.capacity

@@ -1,16 +1,28 @@
 """The supervisor: owns a namespace, its dispatcher and its workers.
 
-:meth:`Supervisor.run` claims the namespace (an exclusive lock on
-``<namespace dir>/owner`` held for the pool's life, holding its pid), then
-creates the registry and the token, starts the dispatcher and the workers
-as fresh interpreters in their own sessions (so a terminal's Ctrl-C
-reaches only the supervisor), writes the dispatcher's address for clients,
-and shows every event through a :class:`~pool.view.View`. A child that
-dies is reaped at once and replaced, with exponential back-off. When
-``stop`` is set it drains: SIGTERM to every worker, ``grace_s`` for them
-to finish (cut short when ``kill_now`` is set), SIGKILL for the rest, then
-the dispatcher; and the registry's owner removes every file and segment.
-Every child also exits by itself when the supervisor dies (``--parent``).
+:meth:`Supervisor.run` claims the namespace (``LocalDiscovery(exclusive=
+True)``: a lock held for the pool's life; what a dead pool left is
+replaced), sweeps what other dead pools of this user left, creates the
+token, starts the dispatcher and the workers as fresh interpreters in their
+own sessions (so a terminal's Ctrl-C reaches only the supervisor), writes
+the dispatcher's address for clients, and shows every event through a
+:class:`~pool.view.View`.
+
+Every child gets a pidfd of the supervisor (``--parent-fd``) and exits when
+it becomes readable, that is when the supervisor dies, however it dies. The
+dispatcher also gets a pipe only the supervisor writes to
+(``--control-fd``): how each worker ended, and when the pool drains.
+
+A child that dies is reaped at once and replaced (with exponential
+back-off for one that dies before it is ready). A worker whose status
+stays ``"stuck"`` for ``stuck_grace_s`` is stopped and so replaced. When
+``stop`` is set it drains: it tells the dispatcher (which fails the tasks
+no worker has yet), SIGTERMs every worker and gives them ``grace_s`` to
+finish (cut short when ``kill_now`` is set), SIGKILLs the rest, then stops
+the dispatcher, which first delivers every result it has; the registry's
+owner removes every file and segment. All its background work runs in one
+task group, so any unexpected error ends ``pool up`` (after the drain)
+with that error.
 """
 
 from __future__ import annotations
@@ -19,33 +31,33 @@ import asyncio
 import contextlib
 import json
 import os
-import signal
 import sys
 import time
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import Any, Final
 
-import portalocker
-from grpc import aio
-
-from discovery import LocalDiscovery, Subscriber, paths, reclaim
-from pool.children import Spawned, spawn
+from discovery import LocalDiscovery, NamespaceInUse, Subscriber, paths, sweep_dead
+from pool.children import (
+    ChildFailed,
+    Spawned,
+    describe_exit,
+    exit_fields,
+    read_ready,
+    spawn,
+    terminate,
+)
 from pool.client import ADDRESS_FILE
-from pool.dispatcher_pb2 import WorkerExit
-from pool.dispatcher_pb2_grpc import DispatcherStub
-from pool.errors import PoolAlreadyRunning, PoolError
+from pool.errors import PoolAlreadyRunning
+from pool.routing import MAX_QUEUED
 from pool.view import View
 from workers import auth
-from workers.lifecycle import READY_PREFIX
+from workers.offload import in_daemon_thread
 from workers.tasks import MAX_ARGS_BYTES
 
-OWNER_FILE: Final = "owner"
 START_TIMEOUT_S: Final = 30.0
 BACKOFF_S: Final = (0.1, 10.0)  # first delay, cap
-
-
-class ChildFailed(PoolError):
-    """A child process exited or hung before it was ready."""
+DISPATCHER_STOP_S: Final = 15.0  # it waits for its last results, then ends
 
 
 @dataclass(eq=False)
@@ -63,6 +75,10 @@ class Child:
     def pid(self) -> int:
         return self.process.pid if self.process else 0
 
+    @property
+    def kind(self) -> str:
+        return self.name.split("-")[0]
+
 
 @dataclass
 class Options:
@@ -76,88 +92,123 @@ class Options:
     capacity: int = 128
     no_worker_timeout_s: float = 30.0
     max_args_bytes: int = MAX_ARGS_BYTES
+    stuck_grace_s: float = 60.0
+    max_queued: int = MAX_QUEUED
+
+    def __post_init__(self) -> None:
+        paths.validate_namespace(self.namespace)
+        if self.workers < 1:
+            raise ValueError(f"workers must be at least 1, got {self.workers}")
+        if self.concurrency < 1:
+            raise ValueError(f"concurrency must be at least 1, got {self.concurrency}")
+        if self.max_queued < 1:
+            raise ValueError(f"max_queued must be at least 1, got {self.max_queued}")
 
 
 class Supervisor:
-    """Runs one pool; see the module docstring."""
+    """Runs one pool; see the module docstring.
 
-    def __init__(self, options: Options, view: View) -> None:
-        paths.validate_namespace(options.namespace)
-        if options.workers < 0:
-            raise ValueError(f"--workers must be 0 or more, got {options.workers}")
+    :param on_ready: called once every worker is registered.
+    """
+
+    def __init__(
+        self,
+        options: Options,
+        view: View,
+        on_ready: Callable[[], None] | None = None,
+    ) -> None:
         self.options = options
         self.view = view
-        self.ready = asyncio.Event()
+        self._on_ready = on_ready
         self.address = ""
         self._stopping = False
         self._dispatcher: Child | None = None
         self._workers: list[Child] = []
-        self._watchers: set[asyncio.Task[None]] = set()
-        self._reporter: tuple[str, aio.Channel] | None = None
-        self._registered: set[str] = set()  # uids seen added, not yet dropped
+        self._group: asyncio.TaskGroup | None = None
+        self._background: set[asyncio.Task[None]] = set()
+        self._parent_fd = -1
+        self._control_fd = -1  # the write end of the dispatcher's control pipe
+        self._status: dict[str, str] = {}  # uid -> status, of registered workers
         self._registry_changed = asyncio.Event()
 
     async def run(self, stop: asyncio.Event, kill_now: asyncio.Event) -> None:
-        """Run the pool until ``stop``; drain; leave nothing behind."""
-        ns = self.options.namespace
-        owner = _claim(ns)
+        """Run the pool until ``stop``; drain; leave nothing behind.
+
+        :raises PoolAlreadyRunning: if a live pool owns the namespace.
+        :raises ChildFailed: if the dispatcher, or every worker, cannot start.
+        """
+        ns, opts = self.options.namespace, self.options
+        capacity = max(opts.capacity, 2 * opts.workers)
+        registry = LocalDiscovery(ns, capacity=capacity, exclusive=True)
         try:
-            reclaim(ns)
-            capacity = max(self.options.capacity, 2 * self.options.workers)
-            with LocalDiscovery(ns, capacity=capacity):
-                auth.create_token(ns)
-                follower = asyncio.create_task(self._follow())
-                try:
-                    await self._start_all()
-                    await self._until_registered()
-                    self.view.note(
-                        "ready",
-                        namespace=ns,
-                        workers=len(self._workers),
-                        address=self.address,
-                    )
-                    self.ready.set()
-                    await stop.wait()
-                finally:
-                    self._stopping = True
-                    self.view.note("stopping", namespace=ns)
-                    await self._stop_all(kill_now)
-                    follower.cancel()
-                    with contextlib.suppress(asyncio.CancelledError):
-                        await follower
+            await in_daemon_thread(registry.__enter__)  # may wait for the lock
+        except NamespaceInUse as exc:
+            raise PoolAlreadyRunning(ns, exc.pid) from None
+        try:
+            await in_daemon_thread(sweep_dead)  # other pools' leftovers
+            auth.create_token(ns)
+            self._parent_fd = os.pidfd_open(os.getpid())
+            try:
+                await self._supervise(stop, kill_now)
+            except BaseExceptionGroup as group:
+                raise _first_error(group) from None
         finally:
-            os.close(owner)
+            for fd in (self._parent_fd, self._control_fd):
+                if fd >= 0:
+                    os.close(fd)
+            await in_daemon_thread(registry.close)  # (works at exit, too)
         self.view.note("stopped", namespace=ns)
+
+    async def _supervise(self, stop: asyncio.Event, kill_now: asyncio.Event) -> None:
+        async with asyncio.TaskGroup() as group:
+            self._group = group
+            self._spawn(self._follow())
+            try:
+                await self._start_all()
+                await self._until_registered()
+                self.view.note(
+                    "ready",
+                    namespace=self.options.namespace,
+                    workers=len(self._workers),
+                    address=self.address,
+                )
+                if self._on_ready is not None:
+                    self._on_ready()
+                await stop.wait()
+            finally:
+                self._stopping = True
+                self.view.note("stopping", namespace=self.options.namespace)
+                await self._stop_all(kill_now)
+                for task in self._background:
+                    task.cancel()
+
+    def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
+        """Run ``coro`` in the pool's task group, cancelled when it stops."""
+        assert self._group is not None
+        task = self._group.create_task(coro)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
 
     # -- starting ------------------------------------------------------------
 
     async def _start_all(self) -> None:
-        opts, me = self.options, str(os.getpid())
-        common = ["--namespace", opts.namespace, "--parent", me]
+        opts = self.options
+        common = ["--namespace", opts.namespace, "--parent-fd", str(self._parent_fd)]
         host = ["--host", opts.host] if opts.host else []
         dispatcher = Child(
             "dispatcher",
             [
-                "-m",
-                "pool.dispatcher",
-                *common,
-                *host,
-                "--no-worker-timeout-s",
-                str(opts.no_worker_timeout_s),
+                *("-m", "pool.dispatcher", *common, *host),
+                *("--no-worker-timeout-s", str(opts.no_worker_timeout_s)),
+                *("--max-queued", str(opts.max_queued)),
             ],
         )
         self._dispatcher = dispatcher
         worker_argv = [
-            "-m",
-            "workers",
-            *common,
-            *host,
-            "--concurrency",
-            str(opts.concurrency),
-            "--grace-s",
-            str(opts.grace_s),
-            "--max-args-bytes",
-            str(opts.max_args_bytes),
+            *("-m", "workers", *common, *host),
+            *("--concurrency", str(opts.concurrency)),
+            *("--grace-s", str(opts.grace_s)),
+            *("--max-args-bytes", str(opts.max_args_bytes)),
         ]
         if opts.tags:
             worker_argv += ["--tags", ",".join(opts.tags)]
@@ -166,123 +217,121 @@ class Supervisor:
         # dispatcher finds them in the registry whenever it comes up. A worker
         # that fails to start is retried like any dead worker; a dispatcher
         # that fails ends `pool up` (its trouble is most likely the setup).
-        workers = [self._start_or_retry(child) for child in self._workers]
-        results = await asyncio.gather(
-            self._start(dispatcher), *workers, return_exceptions=True
-        )
-        if isinstance(results[0], BaseException):
-            raise results[0]
+        async with asyncio.TaskGroup() as starting:
+            starting.create_task(self._start(dispatcher))
+            for child in self._workers:
+                starting.create_task(self._start_or_retry(child))
 
     async def _start_or_retry(self, child: Child) -> None:
         try:
             await self._start(child)
         except ChildFailed as exc:
-            self._retry(child, exc)
-
-    def _retry(self, child: Child, error: ChildFailed) -> None:
-        """Note a failed start, and restart after the back-off."""
-        self.view.note("start-failed", name=child.name, error=str(error))
-        watcher = asyncio.create_task(self._watch(child))
-        self._watchers.add(watcher)
-        watcher.add_done_callback(self._watchers.discard)
+            self.view.note("start-failed", name=child.name, error=str(exc))
+            self._spawn(self._watch(child))
 
     async def _start(self, child: Child) -> None:
         """Start a child, wait for its READY line, and watch it from then on."""
         child.ready = {}
         ready_read, ready_write = os.pipe()
+        passed = [ready_write, self._parent_fd]
+        argv = [sys.executable, *child.argv, "--ready-fd", str(ready_write)]
+        control_read = -1
+        if child is self._dispatcher:
+            control_read, control_write = os.pipe()
+            self._replace_control(control_write)
+            passed.append(control_read)
+            argv += ["--control-fd", str(control_read)]
         try:
-            argv = [sys.executable, *child.argv, "--ready-fd", str(ready_write)]
-            process = spawn(argv, pass_fds=(ready_write,))
+            process = spawn(argv, pass_fds=passed)
         finally:
             os.close(ready_write)
+            if control_read >= 0:
+                os.close(control_read)
         child.process, child.started_at = process, time.monotonic()
         try:
-            child.ready = await _read_ready(ready_read, process, child.name)
+            child.ready = await read_ready(ready_read, process, child.name)
         except BaseException:
-            await _kill(process)
+            process.kill()
+            await process.wait()
             raise
         self._registry_changed.set()  # _until_registered looks again
         if child is self._dispatcher:  # a restarted one may listen elsewhere
             self.address = child.ready["address"]
             _write_private(self.options.namespace, ADDRESS_FILE, self.address)
-        self.view.note(f"{child.name.split('-')[0]}-started", pid=process.pid)
-        watcher = asyncio.create_task(self._watch(child))
-        self._watchers.add(watcher)
-        watcher.add_done_callback(self._watchers.discard)
+        self.view.note(f"{child.kind}-started", pid=process.pid)
+        self._spawn(self._watch(child))
+
+    def _replace_control(self, write_fd: int) -> None:
+        if self._control_fd >= 0:
+            os.close(self._control_fd)
+        os.set_blocking(write_fd, False)
+        self._control_fd = write_fd
+
+    def _tell_dispatcher(self, **order: Any) -> None:
+        """One control line to the dispatcher; dropped if it is not reading."""
+        if self._control_fd < 0:
+            return
+        with contextlib.suppress(BlockingIOError, BrokenPipeError):
+            os.write(self._control_fd, (json.dumps(order) + "\n").encode())
 
     async def _watch(self, child: Child) -> None:
         """Reap the child when it exits; replace it unless stopping."""
         assert child.process is not None
         code = await child.process.wait()
-        self.view.note(
-            f"{child.name.split('-')[0]}-exited", pid=child.pid, **_exit(code)
-        )
+        self.view.note(f"{child.kind}-exited", pid=child.pid, **exit_fields(code))
         if child is not self._dispatcher:
-            await self._report_exit(child.pid, code)
+            self._tell_dispatcher(
+                exit={"pid": child.pid, "status": describe_exit(code)}
+            )
         if self._stopping:
             return
         if not self.options.restart:
-            self.view.note(f"{child.name.split('-')[0]}-not-replaced", pid=child.pid)
+            self.view.note(f"{child.kind}-not-replaced", pid=child.pid)
             return
         # Back off only for a child that dies before it is ready: one killed
         # after it served is replaced at once.
         child.failures = 0 if child.ready else child.failures + 1
-        await asyncio.sleep(restart_delay(child.failures))
+        await asyncio.sleep(restart_delay(child.failures))  # the back-off itself
         if self._stopping:
             return
         try:
             await self._start(child)
         except ChildFailed as exc:
-            self._retry(child, exc)
+            self.view.note("start-failed", name=child.name, error=str(exc))
+            self._spawn(self._watch(child))
 
-    async def _report_exit(self, pid: int, code: int) -> None:
-        """Tell the dispatcher how a worker ended (for its poison-task error)."""
-        if not self.address:
-            return  # no dispatcher has been ready yet: it sent it no task
-        if self._reporter is None or self._reporter[0] != self.address:
-            if self._reporter is not None:
-                await self._reporter[1].close()
-            channel = aio.insecure_channel(self.address)
-            self._reporter = (self.address, channel)
-        stub = DispatcherStub(self._reporter[1])  # type: ignore[no-untyped-call]
-        token = auth.read_token(self.options.namespace)
-        with contextlib.suppress(aio.AioRpcError):
-            await stub.ReportExit(
-                WorkerExit(pid=pid, status=_describe_exit(code)),
-                metadata=auth.call_metadata(token),
-                timeout=2.0,
-            )
-
-    # -- stopping ------------------------------------------------------------
-
-    async def _stop_all(self, kill_now: asyncio.Event) -> None:
-        workers = [c.process for c in self._workers if c.process is not None]
-        await _terminate(workers, self.options.grace_s + 5, kill_now)
-        if self._dispatcher is not None and self._dispatcher.process is not None:
-            await _terminate([self._dispatcher.process], 5.0, kill_now)
-        for watcher in list(self._watchers):
-            watcher.cancel()
-        await asyncio.gather(*self._watchers, return_exceptions=True)
-        if self._reporter is not None:
-            await self._reporter[1].close()
+    # -- following -----------------------------------------------------------
 
     async def _follow(self) -> None:
         async for event in Subscriber(self.options.namespace):
-            uid = str(event.worker_info.uid)
+            info = event.worker_info
+            uid = str(info.uid)
             if event.type == "worker-dropped":
-                self._registered.discard(uid)
+                self._status.pop(uid, None)
             else:
-                self._registered.add(uid)
+                was = self._status.get(uid)
+                self._status[uid] = info.status
+                if info.status == "stuck" and was != "stuck":
+                    self._spawn(self._replace_if_stuck(uid, info.pid))
             self._registry_changed.set()
             self.view.event(event)
+
+    async def _replace_if_stuck(self, uid: str, pid: int) -> None:
+        """Stop a worker still stuck after the grace period (it is replaced)."""
+        await asyncio.sleep(self.options.stuck_grace_s)  # the grace period
+        if self._stopping or self._status.get(uid) != "stuck":
+            return
+        for child in self._workers:
+            if child.pid == pid and child.process is not None:
+                self.view.note("worker-stuck", pid=pid, uid=uid[:8])
+                await terminate([child.process], self.options.grace_s, asyncio.Event())
 
     async def _until_registered(self) -> None:
         """Wait until every worker is ready and this view has seen it added."""
         try:
             async with asyncio.timeout(START_TIMEOUT_S):
                 while not all(
-                    c.ready and c.ready["uid"] in self._registered
-                    for c in self._workers
+                    c.ready and c.ready["uid"] in self._status for c in self._workers
                 ):
                     await self._registry_changed.wait()
                     self._registry_changed.clear()
@@ -293,48 +342,16 @@ class Supervisor:
                 f"{START_TIMEOUT_S:g} s; see the errors above"
             ) from None
 
+    # -- stopping ------------------------------------------------------------
 
-async def _read_ready(fd: int, process: Spawned, name: str) -> dict[str, Any]:
-    """The READY line a child writes to ``fd`` (which this closes)."""
-    loop = asyncio.get_running_loop()
-    reader = asyncio.StreamReader()
-    transport, _ = await loop.connect_read_pipe(
-        lambda: asyncio.StreamReaderProtocol(reader), os.fdopen(fd, "rb", 0)
-    )
-    try:
-        async with asyncio.timeout(START_TIMEOUT_S):
-            text = (await reader.readline()).decode(errors="replace")
-    except TimeoutError:
-        raise ChildFailed(
-            f"{name} was not ready within {START_TIMEOUT_S:g} s"
-        ) from None
-    finally:
-        transport.close()
-    if text.startswith(READY_PREFIX):
-        return json.loads(text[len(READY_PREFIX) :])  # type: ignore[no-any-return]
-    code = await process.wait()
-    raise ChildFailed(f"{name} exited before it was ready ({_describe_exit(code)})")
-
-
-async def _terminate(
-    processes: list[Spawned], grace_s: float, kill_now: asyncio.Event
-) -> None:
-    """SIGTERM, wait up to ``grace_s`` (or until ``kill_now``), SIGKILL, reap."""
-    alive = [p for p in processes if p.returncode is None]
-    for process in alive:
-        process.send_signal(signal.SIGTERM)
-    exited = asyncio.ensure_future(asyncio.gather(*(p.wait() for p in alive)))
-    hurry = asyncio.ensure_future(kill_now.wait())
-    pending: set[asyncio.Future[Any]] = {exited, hurry}
-    await asyncio.wait(pending, timeout=grace_s, return_when=asyncio.FIRST_COMPLETED)
-    hurry.cancel()
-    await asyncio.gather(*(_kill(p) for p in alive))
-    await exited
-
-
-async def _kill(process: Spawned) -> None:
-    process.kill()
-    await process.wait()
+    async def _stop_all(self, kill_now: asyncio.Event) -> None:
+        """Drain: the dispatcher first hears of it, then the workers finish,
+        then the dispatcher delivers the last results and stops."""
+        self._tell_dispatcher(drain=True)
+        workers = [c.process for c in self._workers if c.process is not None]
+        await terminate(workers, self.options.grace_s + 5, kill_now)
+        if self._dispatcher is not None and self._dispatcher.process is not None:
+            await terminate([self._dispatcher.process], DISPATCHER_STOP_S, kill_now)
 
 
 def restart_delay(failures: int) -> float:
@@ -346,55 +363,10 @@ def restart_delay(failures: int) -> float:
     return float(min(cap, first * 2 ** (failures - 1)))
 
 
-def _exit(code: int) -> dict[str, Any]:
-    return {"signal": signal.Signals(-code).name} if code < 0 else {"code": code}
-
-
-def _describe_exit(code: int) -> str:
-    return (
-        f"killed by {signal.Signals(-code).name}" if code < 0 else f"exit code {code}"
-    )
-
-
-def _claim(namespace: str) -> int:
-    """Lock the namespace's owner file for this process's life.
-
-    :returns: the descriptor holding the lock (closing it releases it).
-    :raises PoolAlreadyRunning: if a live pool holds it.
-    """
-    path = paths.namespace_dir(namespace) / OWNER_FILE
-    fd = paths.open_private_file(path)
-    flags = portalocker.LockFlags.EXCLUSIVE | portalocker.LockFlags.NON_BLOCKING
-    try:
-        portalocker.lock(fd, flags)
-    except portalocker.AlreadyLocked:
-        text = os.pread(fd, 32, 0).decode(errors="replace").strip()
-        os.close(fd)
-        raise PoolAlreadyRunning(
-            namespace, int(text) if text.isdigit() else 0
-        ) from None
-    os.ftruncate(fd, 0)
-    os.pwrite(fd, str(os.getpid()).encode(), 0)
-    return fd
-
-
-def owner_pid(namespace: str) -> int | None:
-    """The pid of the supervisor that owns ``namespace``, if one is alive."""
-    path = paths.namespace_dir(namespace, create=False) / OWNER_FILE
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
-    except OSError:
-        return None
-    try:
-        flags = portalocker.LockFlags.SHARED | portalocker.LockFlags.NON_BLOCKING
-        try:
-            portalocker.lock(fd, flags)
-        except portalocker.AlreadyLocked:
-            text = os.pread(fd, 32, 0).decode(errors="replace").strip()
-            return int(text) if text.isdigit() else None
-        return None  # nobody holds it: the owner is gone
-    finally:
-        os.close(fd)
+def _first_error(group: BaseExceptionGroup) -> BaseException:
+    """The first error in a (nested) exception group, to report as itself."""
+    first = group.exceptions[0]
+    return _first_error(first) if isinstance(first, BaseExceptionGroup) else first
 
 
 def _write_private(namespace: str, name: str, text: str) -> None:

@@ -46,3 +46,82 @@ def work(x: int) -> int:
 def die() -> None:
     """Kill the worker that runs it (a poison task)."""
     os._exit(3)
+
+
+class Scaler:
+    """An object whose methods are tasks (bound and class methods)."""
+
+    def __init__(self, factor: int) -> None:
+        self.factor = factor
+
+    def scale(self, x: int) -> int:
+        return self.factor * x
+
+    @classmethod
+    def unit(cls, x: int) -> int:
+        return x
+
+    @staticmethod
+    def twice(x: int) -> int:
+        return 2 * x
+
+
+class BadStr(Exception):
+    """An exception that cannot be printed."""
+
+    def __str__(self) -> str:
+        raise RuntimeError("no text for you")
+
+
+def raise_bad_str() -> None:
+    raise BadStr("hidden")
+
+
+async def async_raise_bad_str() -> None:
+    raise BadStr("hidden")
+
+
+def gated(gate: str, index: int, log: str = "") -> int:
+    """Wait until the file ``gate`` exists (a test opens it), note ``index``
+    in the file ``log`` if given, and return it."""
+    deadline = time.monotonic() + 60
+    while not os.path.exists(gate):
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{gate} never appeared")
+        time.sleep(0.005)
+    if log:
+        with open(log, "a") as out:
+            out.write(f"{index}\n")
+    return index
+
+
+def started_then_gated(started: str, gate: str, done: str, value: int) -> int:
+    """Say it started (the file ``started``), wait for ``gate``, leave the
+    file ``done`` and return ``value``."""
+    open(started, "w").close()
+    gated(gate, value)
+    open(done, "w").close()
+    return value
+
+
+async def async_until_cancelled(started: str, cancelled: str, done: str) -> None:
+    """Say it started, then wait for ever; note a cancellation, or (never)
+    the end."""
+    open(started, "w").close()
+    try:
+        await asyncio.Event().wait()
+    except asyncio.CancelledError:
+        open(cancelled, "w").close()
+        raise
+    open(done, "w").close()
+
+
+class Box:
+    """A result a test can hold weakly."""
+
+    def __init__(self, value: int) -> None:
+        self.value = value
+
+
+def boxed(value: int) -> Box:
+    return Box(value)

@@ -103,10 +103,19 @@ class RawWriter:
         self.notifier = Notifier(namespace)
 
     def write(
-        self, index: int, uid: uuid.UUID, data: bytes, notify: bool = True
+        self,
+        index: int,
+        uid: uuid.UUID,
+        data: bytes,
+        notify: bool = True,
+        *,
+        pid: int = 0,
+        pidns: int = 0,
     ) -> None:
+        """Write a slot as published by process ``pid`` (0: none a pidfd can
+        watch) of pid namespace ``pidns``."""
         with self.lock.hold():
-            self.registry.write_slot(index, uid, data)
+            self.registry.write_slot(index, uid, data, pid, pidns)
         if notify:
             self.notifier.notify(self.registry.generation)
 

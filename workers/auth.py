@@ -1,11 +1,15 @@
-"""The pool's token: made by the supervisor, required on every call.
+"""The pool's token and wire protocol version, checked on every call.
 
 The token is 32 random bytes, kept as hex in ``<namespace dir>/token``
 (0600, inside the private runtime directory), so only the user who runs
 the pool can read it. Every gRPC call carries ``authorization: Bearer
-<hex>``; :class:`TokenInterceptor` refuses any call without it, compared
-in constant time, before a byte of the request is read, because tasks are
-unpickled and unpickling is code execution.
+<hex>`` and ``shmpool-protocol: <version>``. :class:`CallInterceptor`
+refuses a call without the token (UNAUTHENTICATED), compared in constant
+time, before a byte of the request is read, because tasks are unpickled
+and unpickling is code execution; then a call of another protocol version
+(FAILED_PRECONDITION, with a message that says what to do), so that a
+client and a pool of different versions fail at connect time instead of
+misreading each other's messages.
 """
 
 from __future__ import annotations
@@ -22,6 +26,10 @@ from grpc import aio
 from discovery import paths
 
 METADATA_KEY: Final = "authorization"
+PROTOCOL_KEY: Final = "shmpool-protocol"
+# The wire contract's version: the `v1` of the proto packages. Bump both
+# together on any change a peer of the old version would misread.
+PROTOCOL_VERSION: Final = "1"
 TOKEN_FILE: Final = "token"
 
 
@@ -66,9 +74,22 @@ def read_token(namespace: str) -> str:
         os.close(fd)
 
 
-def call_metadata(token: str) -> tuple[tuple[str, str]]:
-    """The metadata every call to a pool process carries."""
-    return ((METADATA_KEY, f"Bearer {token}"),)
+def call_metadata(
+    token: str, protocol: str | None = None
+) -> tuple[tuple[str, str], ...]:
+    """The metadata every call to a pool process carries (``protocol``:
+    this version's, unless a test plays another)."""
+    version = PROTOCOL_VERSION if protocol is None else protocol
+    return ((METADATA_KEY, f"Bearer {token}"), (PROTOCOL_KEY, version))
+
+
+def protocol_mismatch(theirs: str | None) -> str:
+    """What a pool says to a caller of another protocol version."""
+    return (
+        f"protocol mismatch: this pool speaks shm-pool protocol "
+        f"{PROTOCOL_VERSION}, the caller {theirs or 'none'}; use the same "
+        f"shm-pool version for the pool and its clients"
+    )
 
 
 _HANDLER_OF_KIND: Final = {
@@ -79,16 +100,23 @@ _HANDLER_OF_KIND: Final = {
 }
 
 
-async def _refuse(request: Any, context: aio.ServicerContext[Any, Any]) -> None:
-    await context.abort(
-        grpc.StatusCode.UNAUTHENTICATED,
-        "missing or wrong pool token: read it from the pool's runtime directory "
-        "(pool.Client does this for you)",
-    )
+def _refusal(code: grpc.StatusCode, details: str) -> Any:
+    async def refuse(request: Any, context: aio.ServicerContext[Any, Any]) -> None:
+        await context.abort(code, details)
+
+    return refuse
 
 
-class TokenInterceptor(aio.ServerInterceptor):
-    """Refuses, with UNAUTHENTICATED, every call without the pool's token."""
+_UNAUTHENTICATED: Final = _refusal(
+    grpc.StatusCode.UNAUTHENTICATED,
+    "missing or wrong pool token: read it from the pool's runtime directory "
+    "(pool.Client does this for you)",
+)
+
+
+class CallInterceptor(aio.ServerInterceptor):
+    """Refuses every call without the pool's token (UNAUTHENTICATED), then
+    every call of another protocol version (FAILED_PRECONDITION)."""
 
     def __init__(self, token: str) -> None:
         self._expected = f"Bearer {token}".encode()
@@ -101,17 +129,25 @@ class TokenInterceptor(aio.ServerInterceptor):
         ],
         handler_call_details: grpc.HandlerCallDetails,
     ) -> grpc.RpcMethodHandler[Any, Any] | None:
-        if self._allows(handler_call_details.invocation_metadata or ()):
-            return await continuation(handler_call_details)
+        metadata = dict(handler_call_details.invocation_metadata or ())
+        refusal = None
+        if not self._allows(metadata.get(METADATA_KEY)):
+            refusal = _UNAUTHENTICATED
+        elif (protocol := metadata.get(PROTOCOL_KEY)) != PROTOCOL_VERSION:
+            text = protocol.decode() if isinstance(protocol, bytes) else protocol
+            refusal = _refusal(
+                grpc.StatusCode.FAILED_PRECONDITION, protocol_mismatch(text)
+            )
         handler = await continuation(handler_call_details)
+        if refusal is None:
+            return handler
         kind = (False, False)
         if handler is not None:
             kind = (handler.request_streaming, handler.response_streaming)
-        return _HANDLER_OF_KIND[kind](_refuse)
+        return _HANDLER_OF_KIND[kind](refusal)
 
-    def _allows(self, metadata: Any) -> bool:
-        for key, value in metadata:
-            if key == METADATA_KEY:
-                given = value.encode() if isinstance(value, str) else value
-                return hmac.compare_digest(given, self._expected)
-        return False
+    def _allows(self, given: str | bytes | None) -> bool:
+        if given is None:
+            return False
+        given = given.encode() if isinstance(given, str) else given
+        return hmac.compare_digest(given, self._expected)

@@ -3,7 +3,9 @@
 Shared by the worker (:mod:`workers.process`) and the dispatcher
 (:mod:`pool.dispatcher`). A child tells its parent it serves by writing
 one ``READY {json}`` line (anyio's convention) to ``--ready-fd``; it stops on
-SIGTERM, SIGINT or its parent's death, seen at once through a pidfd.
+SIGTERM, SIGINT or its parent's death, seen at once through a pidfd the
+parent opened on itself and passed down (``--parent-fd``): a descriptor
+names one process for good, where a pid may be reused.
 """
 
 from __future__ import annotations
@@ -83,29 +85,29 @@ def announce_ready(ready_fd: int | None, **fields: Any) -> None:
 
 
 class Stopper:
-    """SIGTERM, SIGINT or the death of ``parent``, caught from creation on.
+    """SIGTERM, SIGINT or the death of the process ``parent_fd`` names (a
+    pidfd), caught from creation on.
 
     Create it first thing in a process's main coroutine: a signal that
     comes before it exists kills the process outright, undrained.
     """
 
-    def __init__(self, parent: int | None) -> None:
+    def __init__(self, parent_fd: int | None) -> None:
         self._loop = asyncio.get_running_loop()
         self._stop = asyncio.Event()
         for signum in (signal.SIGTERM, signal.SIGINT):
             self._loop.add_signal_handler(signum, self._stop.set)
-        self._parent_fd: int | None = None
-        if parent is not None:
-            try:
-                self._parent_fd = os.pidfd_open(parent)
-            except ProcessLookupError:
-                self._stop.set()  # gone already
-            else:
-                self._loop.add_reader(self._parent_fd, self._stop.set)
+        self._parent_fd = parent_fd
+        if parent_fd is not None:
+            self._loop.add_reader(parent_fd, self._stop.set)  # readable: it exited
 
     async def wait(self) -> None:
         """Return once told to stop."""
         await self._stop.wait()
+
+    def stop(self) -> None:
+        """Stop as if signalled."""
+        self._stop.set()
 
     def close(self) -> None:
         if self._parent_fd is not None:

@@ -1,30 +1,35 @@
-"""An outbox that hands a stream writer everything ready at once.
+"""What one end of a task stream has to say, handed to its writer at once.
 
 Both ends of a task stream (a worker answering its dispatcher, a
-dispatcher answering its client) put results in as they finish and write
-them out in as few messages as the reader allows: each write carries every
-result that was ready at that moment.
+dispatcher answering its client) put results and accepted task ids in as
+they come, and one writer task takes them out as :class:`ResultBatch`
+messages: each write carries everything that was ready at that moment.
 """
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
-from typing import Generic, TypeVar
 
-T = TypeVar("T")
+from workers.worker_pb2 import Result, ResultBatch
 
 
-class Outbox(Generic[T]):
-    """Items in from callbacks, lists of them out to one writer."""
+class Outbox:
+    """Results and accepted ids in from callbacks, batches out to one writer."""
 
     def __init__(self) -> None:
-        self._items: list[T] = []
+        self._results: list[Result] = []
+        self._accepted: list[int] = []
         self._ready = asyncio.Event()
         self._closed = False
 
-    def put(self, item: T) -> None:
-        self._items.append(item)
+    def put(self, result: Result) -> None:
+        self._results.append(result)
+        self._ready.set()
+
+    def accept(self, task_id: int) -> None:
+        """Tell the reader that the task ``task_id`` was taken."""
+        self._accepted.append(task_id)
         self._ready.set()
 
     def close(self) -> None:
@@ -32,13 +37,22 @@ class Outbox(Generic[T]):
         self._closed = True
         self._ready.set()
 
-    async def batches(self) -> AsyncIterator[list[T]]:
-        """Every item put since the last batch, as soon as there is one."""
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    async def batches(self) -> AsyncIterator[ResultBatch]:
+        """Everything put since the last batch, as soon as there is some.
+
+        A batch is handed over in the same step of the loop that took it
+        out, so whatever the consumer notes on receiving it matches it.
+        """
         while True:
             await self._ready.wait()
             self._ready.clear()
-            items, self._items = self._items, []
-            if items:
-                yield items
-            if self._closed and not self._items:
+            if self._results or self._accepted:
+                batch = ResultBatch(results=self._results, accepted=self._accepted)
+                self._results, self._accepted = [], []
+                yield batch
+            if self._closed and not (self._results or self._accepted):
                 return

@@ -3,13 +3,19 @@
 Starts a grpc.aio server on uvloop (a unix socket in the namespace's
 private directory, or ``HOST:0`` with ``--host``), publishes itself as
 ``worker-added``, writes one ``READY {json}`` line (to ``--ready-fd``) for whoever
-started it, and serves until SIGTERM, SIGINT or the death of ``--parent``.
-Its ``capacity`` (what the dispatcher may send it at once) is
-``concurrency x prefetch``: tasks past ``concurrency`` wait in the worker.
-Then it drains: ``worker-updated`` with ``status="draining"``, refuses new
-tasks, finishes what it has within ``--grace-s``, publishes
-``worker-dropped`` and exits 0. Counters (tasks running and done) travel
-in ``WorkerInfo.extra`` in a ``worker-updated`` at most once a second.
+started it, and serves until SIGTERM, SIGINT or the death of the process
+``--parent-fd`` names. Its ``capacity`` (what the dispatcher may send it at
+once) is ``free threads x prefetch``: tasks past the running ones wait in
+the worker; a thread held by a task that timed out or was cancelled is not
+free (see :mod:`workers.service`), and with none free the status is
+``"stuck"``. Then it drains: ``worker-updated`` with ``status="draining"``,
+refuses new tasks, finishes what it has within ``--grace-s``, publishes
+``worker-dropped`` and exits 0. A change of status or capacity is published
+at once; counters (tasks running, stuck, done, failed) travel in
+``WorkerInfo.extra``, at most once a second. Its background work (the
+reporter, each stream's tasks) runs in task groups: an error in any ends the
+process with the error logged and exit status 1, and its supervisor starts
+another.
 """
 
 from __future__ import annotations
@@ -30,7 +36,7 @@ from grpc import aio
 from grpc_health.v1 import health, health_pb2_grpc
 
 import discovery
-from discovery import DiscoveryError, Publisher, WorkerInfo, paths
+from discovery import DiscoveryError, Publisher, Status, WorkerInfo, paths
 from workers import auth, lifecycle, tasks, worker_pb2_grpc
 from workers.service import WorkerService
 
@@ -51,7 +57,7 @@ class Config:
     host: str | None
     tags: frozenset[str]
     grace_s: float
-    parent: int | None
+    parent_fd: int | None
     ready_fd: int | None
     max_args_bytes: int = tasks.MAX_ARGS_BYTES
 
@@ -100,7 +106,11 @@ def parse_args(argv: Sequence[str] | None = None) -> Config:
         help="refuse a task whose pickled arguments are larger, with "
         f"RESOURCE_EXHAUSTED (default {tasks.MAX_ARGS_BYTES})",
     )
-    parser.add_argument("--parent", type=int, help="exit when this pid dies")
+    parser.add_argument(
+        "--parent-fd",
+        type=int,
+        help="a pidfd (inherited) of the process whose death ends this worker",
+    )
     parser.add_argument(
         "--ready-fd", type=int, help="write the READY line here, not to stdout"
     )
@@ -124,7 +134,7 @@ def parse_args(argv: Sequence[str] | None = None) -> Config:
         args.host,
         tags,
         args.grace_s,
-        args.parent,
+        args.parent_fd,
         args.ready_fd,
         args.max_args_bytes,
     )
@@ -138,12 +148,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (DiscoveryError, auth.MissingToken) as exc:
         print(f"worker: error: {exc}", file=sys.stderr)
         return 1
+    except Exception:  # a background task died: say why, and let it be replaced
+        log.exception("stopped by an unexpected error")
+        return 1
     return 0
 
 
 async def serve(config: Config) -> None:
     """Serve until told to stop, then drain; see the module docstring."""
-    stopper = lifecycle.Stopper(config.parent)
+    stopper = lifecycle.Stopper(config.parent_fd)
     try:
         await _serve(config, stopper)
     finally:
@@ -158,7 +171,7 @@ async def _serve(config: Config, stopper: lifecycle.Stopper) -> None:
         config.concurrency, changed.set, max_args_bytes=config.max_args_bytes
     )
     server = aio.server(
-        interceptors=[auth.TokenInterceptor(token)], options=lifecycle.GRPC_OPTIONS
+        interceptors=[auth.CallInterceptor(token)], options=lifecycle.GRPC_OPTIONS
     )
     worker_pb2_grpc.add_WorkerServicer_to_server(service, server)  # type: ignore[no-untyped-call]
     health_service = health.aio.HealthServicer()
@@ -176,22 +189,17 @@ async def _serve(config: Config, stopper: lifecycle.Stopper) -> None:
             extra=_counters(service),
             capacity=config.concurrency * config.prefetch,
         )
+        reporter = _Reporter(service, info, config.prefetch, changed)
         async with Publisher(config.namespace) as publisher:
             await publisher.publish("worker-added", info)
             lifecycle.announce_ready(config.ready_fd, uid=str(uid), address=address)
-            reporter = asyncio.create_task(_report(publisher, service, info, changed))
-            try:
+            async with asyncio.TaskGroup() as group:
+                reporting = group.create_task(reporter.run(publisher))
                 await stopper.wait()
-            finally:
-                reporter.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await reporter
+                reporting.cancel()
             service.draining = True
             await health_service.enter_graceful_shutdown()
-            draining = dataclasses.replace(
-                info, status="draining", extra=_counters(service)
-            )
-            await publisher.publish("worker-updated", draining)
+            await publisher.publish("worker-updated", reporter.current())
             await _drain(service, config.grace_s)
             service.end_streams()
     finally:
@@ -211,26 +219,58 @@ async def _drain(service: WorkerService, grace_s: float) -> None:
         )
 
 
-async def _report(
-    publisher: Publisher,
-    service: WorkerService,
-    info: WorkerInfo,
-    changed: asyncio.Event,
-) -> None:
-    """Publish the counters when they change, at most once a second."""
-    while True:
-        await changed.wait()
-        changed.clear()
-        current = dataclasses.replace(info, extra=_counters(service))
-        if current != info:
+class _Reporter:
+    """Publishes what changes about the worker: its status and capacity at
+    once, its counters at most once a second."""
+
+    def __init__(
+        self,
+        service: WorkerService,
+        info: WorkerInfo,
+        prefetch: int,
+        changed: asyncio.Event,
+    ) -> None:
+        self._service, self._info, self._prefetch = service, info, prefetch
+        self._changed = changed
+
+    def current(self) -> WorkerInfo:
+        service = self._service
+        status: Status = "ready"
+        if service.draining:
+            status = "draining"
+        elif service.free_threads == 0:
+            status = "stuck"
+        return dataclasses.replace(
+            self._info,
+            status=status,
+            capacity=max(1, service.free_threads * self._prefetch),
+            extra=_counters(service),
+        )
+
+    async def run(self, publisher: Publisher) -> None:
+        published = self._info
+        while True:
+            await self._changed.wait()
+            self._changed.clear()
+            current = self.current()
+            if current == published:
+                continue
             await publisher.publish("worker-updated", current)
-            info = current
-        await asyncio.sleep(REPORT_INTERVAL_S)  # the rate limit, not a wait
+            urgent = (current.status, current.capacity)
+            published = current
+            # The rate limit for counters; a new status or capacity cuts it short.
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(REPORT_INTERVAL_S):
+                    while (self.current().status, self.current().capacity) == urgent:
+                        await self._changed.wait()
+                        self._changed.clear()
+            self._changed.set()  # look again at once
 
 
 def _counters(service: WorkerService) -> dict[str, str]:
     return {
-        "running": str(service.running),
+        "running": str(service.running + service.stuck),
+        "stuck": str(service.stuck),
         "done": str(service.done),
         "failed": str(service.failed),
     }

@@ -1,49 +1,77 @@
 """The Worker gRPC service: runs the tasks a dispatcher streams to it.
 
 One :class:`WorkerService` per worker process; each ``Run`` call is one
-dispatcher connection, a stream of task batches in and result batches out
-(every result ready at the moment of a write goes in one message).
+dispatcher connection, a stream of task batches in and result batches out.
+A task's life here::
 
-Coroutine functions run on the loop as tasks. Plain functions go to
-``concurrency`` slot threads that each take the next task from one queue,
-unpickle its arguments, call it, pickle the outcome and hand the finished
-result back to the loop: no asyncio future per task, so a no-op task costs
-tens of microseconds here, not hundreds. A thread cannot be interrupted: a
-plain task cancelled or timed out while running is answered at once, and
-its thread is free again when the call returns.
+    read ──> accepted (id written back to the dispatcher) ──> started
+         ──> answered (exactly once: result, failure, cancel, timeout)
 
-The service owns its slot threads and every task it started; a stream that
-breaks drops its tasks' answers. While draining it refuses new tasks with
-an UNAVAILABLE failure, which the dispatcher sends elsewhere. A task that
-cannot be run as sent is answered alone with its precise status (see
-``proto/workers/worker.proto``); its stream and the other tasks go on.
+A task starts only once the write that says it was accepted has gone out,
+so the dispatcher counts an attempt against a task only if this worker had
+it (a worker that dies under a task the dispatcher never heard of leaves
+that task's attempts untouched).
+
+Each stream owns an :class:`asyncio.TaskGroup`: its reader, its coroutine
+tasks and the imports it waits for. When the caller hangs up, the group is
+cancelled, and with it every coroutine task of the stream. Plain functions
+go to ``concurrency`` slot threads (no asyncio future per task: a no-op
+costs tens of microseconds). A thread cannot be interrupted: a plain task
+cancelled or timed out while running is answered at once, but its thread
+stays busy until the call returns, and counts as *stuck*. The worker's
+advertised capacity shrinks with each stuck thread; with every thread
+stuck its status is ``"stuck"``, it hands back the plain tasks waiting for
+a thread (UNAVAILABLE: the dispatcher sends them elsewhere) and the
+supervisor replaces it after a grace period.
+
+Importing a task's module (the first time it is named) and unpickling
+large arguments of coroutine tasks run in daemon threads, never on the
+loop. A task that cannot be run as sent is answered alone with its precise
+status (see ``proto/workers/worker.proto``); its stream goes on.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import inspect
 import queue
 import threading
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Final
 
-import grpc
 from grpc import aio
 
 from workers import tasks, worker_pb2_grpc
+from workers.offload import in_daemon_thread
 from workers.outbox import Outbox
 from workers.worker_pb2 import Failure, Result, ResultBatch, Task, TaskBatch
+
+# A stream with this many tasks unanswered is not read until some finish: a
+# caller that ignores the advertised capacity meets gRPC flow control.
+MAX_STREAM_TASKS: Final = 4096
+# Coroutine tasks' arguments larger than this are unpickled off the loop.
+OFFLOAD_ARGS_BYTES: Final = 1 << 20
+_ALL_STUCK: Final = (
+    "every task thread is held by a task that timed out or was cancelled"
+)
 
 
 @dataclass(eq=False)
 class _Stream:
-    """One Run call: its outbox and the tasks it has not been answered."""
+    """One Run call: its outbox, its unanswered tasks and its task group."""
 
-    outbox: Outbox[Result] = field(default_factory=Outbox)
+    outbox: Outbox = field(default_factory=Outbox)
     entries: dict[int, _Entry] = field(default_factory=dict)
-    emptied: asyncio.Event = field(default_factory=asyncio.Event)
+    starting: list[_Entry] = field(default_factory=list)  # accepted, not written
+    room: asyncio.Event = field(default_factory=asyncio.Event)
+    group: asyncio.TaskGroup | None = None
+    reading: bool = True
+
+    def take_starting(self) -> list[_Entry]:
+        starting, self.starting = self.starting, []
+        return starting
 
 
 @dataclass(eq=False, slots=True)
@@ -52,12 +80,12 @@ class _Entry:
 
     task: Task
     stream: _Stream
-    job: asyncio.Task[Result] | None = None  # a coroutine function's run
+    job: asyncio.Task[None] | None = None  # a coroutine function's run
     timer: asyncio.TimerHandle | None = None
-    answered: bool = False
-
-
-_Plain = tuple[_Entry, Callable[..., Any]]
+    plain: bool = False  # handed to the slot threads
+    running: bool = False  # a slot thread has it (under the claim lock)
+    answered: bool = False  # (plain tasks: set under the claim lock)
+    stuck: bool = False  # answered while its thread still runs it
 
 
 class WorkerService(worker_pb2_grpc.WorkerServicer):
@@ -81,33 +109,41 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
             raise ValueError(f"concurrency must be at least 1, got {concurrency}")
         if max_args_bytes < 0:
             raise ValueError(f"max_args_bytes must be 0 or more, got {max_args_bytes}")
+        self.concurrency = concurrency
         self._max_args_bytes = max_args_bytes
         self._loop = asyncio.get_running_loop()
         self._on_change = on_change
-        self._plain: queue.SimpleQueue[_Plain | None] = queue.SimpleQueue()
+        self._plain: queue.SimpleQueue[_Entry | None] = queue.SimpleQueue()
+        self._claim = threading.Lock()  # a slot thread taking an entry vs. the loop
         self._slots = [
             threading.Thread(target=self._slot, name=f"task-{i}", daemon=True)
             for i in range(concurrency)
         ]
         for slot in self._slots:
             slot.start()
-        self._streams: set[Outbox[Result]] = set()
+        self._streams: set[_Stream] = set()
         self._idle = asyncio.Event()
         self._idle.set()
         self.draining = False
-        self.running = 0
+        self.running = 0  # tasks accepted and not answered
+        self.stuck = 0  # slot threads still running a task already answered
         self.done = 0
         self.failed = 0
 
+    @property
+    def free_threads(self) -> int:
+        """Slot threads not held by a task that was already answered."""
+        return self.concurrency - self.stuck
+
     async def wait_idle(self) -> None:
-        """Return once no task is under way."""
+        """Return once every accepted task is answered."""
         await self._idle.wait()
 
     def end_streams(self) -> None:
         """End every Run stream cleanly (once drained), so that stopping the
         server cancels nothing."""
-        for outbox in self._streams:
-            outbox.close()
+        for stream in self._streams:
+            stream.outbox.close()
 
     def close(self) -> None:
         """Let the slot threads end once their current task returns."""
@@ -120,70 +156,139 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
         context: aio.ServicerContext[TaskBatch, ResultBatch],
     ) -> None:
         stream = _Stream()
-        reader = asyncio.create_task(self._read(request_iterator, stream))
-        self._streams.add(stream.outbox)
+        self._streams.add(stream)
         try:
-            async for results in stream.outbox.batches():
-                await context.write(ResultBatch(results=results))
+            async with asyncio.TaskGroup() as group:
+                stream.group = group
+                group.create_task(self._read(request_iterator, stream))
+                async for batch in stream.outbox.batches():
+                    starting = stream.take_starting()  # exactly this batch's
+                    await context.write(batch)
+                    for entry in starting:
+                        self._begin(entry)
         finally:
-            self._streams.discard(stream.outbox)
-            reader.cancel()
+            self._streams.discard(stream)
             for entry in list(stream.entries.values()):  # nobody to answer now
                 self._answer(entry, None)
 
     async def _read(self, requests: AsyncIterator[TaskBatch], stream: _Stream) -> None:
         async for batch in requests:
-            for task_id in batch.cancel:
+            for task in batch.tasks:
+                self._accept(stream, task)
+            for task_id in batch.cancel:  # after the tasks: a batch may hold both
                 if (entry := stream.entries.get(task_id)) is not None:
                     self._cancel(entry)
-            for task in batch.tasks:
-                if task.id in stream.entries:
-                    stream.outbox.put(_failed(task.id, tasks.id_reused(task.id)))
-                else:
-                    self._start(_Entry(task, stream))
-        while stream.entries:  # the dispatcher closed its side: finish, then end
-            stream.emptied.clear()
-            await stream.emptied.wait()
-        stream.outbox.close()
+            while len(stream.entries) >= MAX_STREAM_TASKS:
+                stream.room.clear()
+                await stream.room.wait()
+        stream.reading = False  # the dispatcher closed its side: finish, then end
+        if not stream.entries:
+            stream.outbox.close()
 
-    # -- running ------------------------------------------------------------
+    # -- accepting and starting ------------------------------------------------
 
-    def _start(self, entry: _Entry) -> None:
-        task = entry.task
-        if self.draining:
-            entry.stream.outbox.put(_failed(task.id, tasks.rejected()))
+    @property
+    def takes_tasks(self) -> bool:
+        return not self.draining and self.free_threads > 0
+
+    @property
+    def _busy_reason(self) -> str:
+        return "it is draining" if self.draining else _ALL_STUCK
+
+    def _accept(self, stream: _Stream, task: Task) -> None:
+        if task.id in stream.entries:
+            stream.outbox.put(_failed(task.id, tasks.id_reused(task.id)))
             return
-        entry.stream.entries[task.id] = entry
+        if not self.takes_tasks:
+            stream.outbox.put(_failed(task.id, tasks.rejected(self._busy_reason)))
+            return
+        entry = _Entry(task, stream)
+        stream.entries[task.id] = entry
         self.running += 1
         self._idle.clear()
+        stream.outbox.accept(task.id)
+        stream.starting.append(entry)
         self._on_change()
+
+    def _begin(self, entry: _Entry) -> None:
+        """Start a task whose acceptance has been written."""
+        if entry.answered:
+            return  # cancelled before it started
         try:
-            tasks.check_timeout(task)
-            fn = tasks.resolve(task.function)
+            tasks.check_timeout(entry.task)
         except tasks.BadTask as exc:
-            self._answer(entry, _failed(task.id, tasks.failure_of(exc, remote=False)))
+            self._answer(entry, _failed(entry.task.id, tasks.failure_of(exc)))
             return
+        fn = tasks.resolved(entry.task.function)
+        if fn is not None:
+            self._launch(entry, fn)
+            return
+        assert entry.stream.group is not None
+        entry.job = entry.stream.group.create_task(self._resolve_and_launch(entry))
+
+    async def _resolve_and_launch(self, entry: _Entry) -> None:
+        try:
+            fn = await in_daemon_thread(tasks.resolve, entry.task.function)
+        except tasks.BadTask as exc:
+            self._answer(entry, _failed(entry.task.id, tasks.failure_of(exc)))
+            return
+        if not entry.answered:
+            self._launch(entry, fn)
+
+    def _launch(self, entry: _Entry, fn: Callable[..., Any]) -> None:
+        task = entry.task
         if task.timeout_s > 0:
             entry.timer = self._loop.call_later(task.timeout_s, self._time_out, entry)
         if inspect.iscoroutinefunction(fn):
-            run = _run_coroutine(fn, task, self._max_args_bytes)
-            entry.job = asyncio.create_task(run)
-            entry.job.add_done_callback(lambda job: self._coroutine_done(entry, job))
+            assert entry.stream.group is not None
+            entry.job = entry.stream.group.create_task(self._run_coroutine(entry, fn))
+        elif self.free_threads == 0:  # every thread is stuck: let another worker
+            self._answer(entry, _failed(task.id, tasks.rejected(_ALL_STUCK)))
         else:
-            self._plain.put((entry, fn))
+            entry.plain = True
+            self._plain.put(entry)  # the thread finds fn through resolved()
+
+    async def _run_coroutine(self, entry: _Entry, fn: Callable[..., Any]) -> None:
+        task = entry.task
+        try:
+            if len(task.args) > OFFLOAD_ARGS_BYTES:
+                call = await in_daemon_thread(
+                    tasks.load_call, task.args, self._max_args_bytes
+                )
+            else:
+                call = tasks.load_call(task.args, self._max_args_bytes)
+            value = await fn(*call[0], **call[1])
+            result = Result(id=task.id, value=tasks.dump_value(value))
+        except asyncio.CancelledError:
+            raise  # cancelled by the caller, a timeout or a hang-up: answered there
+        except tasks.BadTask as exc:
+            result = _failed(task.id, tasks.failure_of(exc, remote=False))
+        except BaseException as exc:  # a task's SystemExit must not end the worker
+            result = _failed(task.id, tasks.failure_of(exc))
+        self._answer(entry, result)
 
     def _slot(self) -> None:
         """A slot thread: run plain tasks one after another."""
-        while (item := self._plain.get()) is not None:
-            entry, fn = item
-            if entry.answered:
-                continue  # cancelled or timed out before it started
-            result = _run_plain(fn, entry.task, self._max_args_bytes)
-            self._loop.call_soon_threadsafe(self._answer, entry, result)
+        while (entry := self._plain.get()) is not None:
+            with self._claim:
+                if entry.answered:
+                    continue  # cancelled, timed out or handed back before it ran
+                entry.running = True
+            result = _run_plain(entry.task, self._max_args_bytes)
+            with self._claim:
+                entry.running = False
+            with contextlib.suppress(RuntimeError):  # the loop is closed: exiting
+                self._loop.call_soon_threadsafe(self._plain_done, entry, result)
 
-    def _coroutine_done(self, entry: _Entry, job: asyncio.Task[Result]) -> None:
-        if not job.cancelled():
-            self._answer(entry, job.result())
+    def _plain_done(self, entry: _Entry, result: Result) -> None:
+        if entry.stuck:  # its answer went long ago; the thread is free again
+            entry.stuck = False
+            self.stuck -= 1
+            self._on_change()
+        else:
+            self._answer(entry, result)
+
+    # -- ending early ----------------------------------------------------------
 
     def _cancel(self, entry: _Entry) -> None:
         if entry.job is not None:
@@ -193,13 +298,26 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
     def _time_out(self, entry: _Entry) -> None:
         if entry.job is not None:
             entry.job.cancel()
-        timeout = TimeoutError(f"the task ran over its {entry.task.timeout_s:g} s")
-        failure = tasks.failure_of(timeout, grpc.StatusCode.DEADLINE_EXCEEDED)
-        self._answer(entry, _failed(entry.task.id, failure))
+        timeout = tasks.TaskTimeout(entry.task.timeout_s)
+        self._answer(entry, _failed(entry.task.id, tasks.failure_of(timeout)))
+
+    def _hand_back(self) -> None:
+        """Every thread is stuck: plain tasks waiting for one go elsewhere."""
+        for stream in self._streams:
+            for entry in list(stream.entries.values()):
+                if entry.plain and not entry.running:
+                    failure = tasks.rejected(_ALL_STUCK)
+                    self._answer(entry, _failed(entry.task.id, failure))
 
     def _answer(self, entry: _Entry, result: Result | None) -> None:
         """Settle a task once: send ``result`` (None: nobody to send it to)."""
-        if entry.answered:
+        if entry.plain:
+            with self._claim:  # decide against a slot thread taking it now
+                if entry.answered:
+                    return
+                entry.answered = True
+                entry.stuck = entry.running
+        elif entry.answered:
             return
         entry.answered = True
         if entry.timer is not None:
@@ -211,38 +329,34 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
             self.done += 1
             self.failed += result.HasField("failure")
             stream.outbox.put(result)
-        if not stream.entries:
-            stream.emptied.set()
+        if len(stream.entries) < MAX_STREAM_TASKS:
+            stream.room.set()
+        if not stream.entries and not stream.reading:
+            stream.outbox.close()
         if not self.running:
             self._idle.set()
+        if entry.stuck:
+            self.stuck += 1
+            if self.free_threads == 0:
+                self._hand_back()
         self._on_change()
 
 
-async def _run_coroutine(
-    fn: Callable[..., Any], task: Task, max_args_bytes: int
-) -> Result:
+def _run_plain(task: Task, max_args_bytes: int) -> Result:
+    """Run a plain task in the calling thread; always an answer."""
     try:
-        args, kwargs = tasks.load_call(task.args, max_args_bytes)
-    except tasks.BadTask as exc:
-        return _failed(task.id, tasks.failure_of(exc, remote=False))
-    try:
-        value = await fn(*args, **kwargs)
-        return Result(id=task.id, value=tasks.dump_value(value))
-    except asyncio.CancelledError:
-        raise
-    except BaseException as exc:  # a task's SystemExit must not end the worker
-        return _failed(task.id, tasks.failure_of(exc))
-
-
-def _run_plain(fn: Callable[..., Any], task: Task, max_args_bytes: int) -> Result:
-    try:
-        args, kwargs = tasks.load_call(task.args, max_args_bytes)
-    except tasks.BadTask as exc:
-        return _failed(task.id, tasks.failure_of(exc, remote=False))
-    try:
-        return Result(id=task.id, value=tasks.dump_value(fn(*args, **kwargs)))
-    except BaseException as exc:  # a task's SystemExit must not end the worker
-        return _failed(task.id, tasks.failure_of(exc))
+        fn = tasks.resolved(task.function)
+        assert fn is not None, "launched before it was resolved"
+        try:
+            args, kwargs = tasks.load_call(task.args, max_args_bytes)
+        except tasks.BadTask as exc:
+            return _failed(task.id, tasks.failure_of(exc, remote=False))
+        try:
+            return Result(id=task.id, value=tasks.dump_value(fn(*args, **kwargs)))
+        except BaseException as exc:  # a task's SystemExit must not end the worker
+            return _failed(task.id, tasks.failure_of(exc))
+    except BaseException as exc:  # failure_of never raises; this is a last guard
+        return _failed(task.id, tasks.internal_failure(exc))
 
 
 def _failed(task_id: int, failure: Failure) -> Result:

@@ -25,7 +25,6 @@ import pickle
 import sys
 import traceback
 from collections.abc import Callable
-from functools import cache
 from typing import Any, ClassVar, Final
 
 import grpc
@@ -72,6 +71,23 @@ class TaskIdReused(BadTask):
     status = grpc.StatusCode.ALREADY_EXISTS
 
 
+class TaskTimeout(TaskError, TimeoutError):
+    """The task ran over its time limit (``task_timeout_s``).
+
+    A coroutine task is cancelled; a plain function cannot be interrupted,
+    so its thread stays busy (and counted so) until the call returns.
+    """
+
+    status: ClassVar[grpc.StatusCode] = grpc.StatusCode.DEADLINE_EXCEEDED
+
+    def __init__(self, timeout_s: float) -> None:
+        super().__init__(timeout_s)
+        self.timeout_s = timeout_s
+
+    def __str__(self) -> str:
+        return f"the task ran over its {self.timeout_s:g} s"
+
+
 class RemoteError(TaskError):
     """A task raised an exception that could not be rebuilt here.
 
@@ -97,9 +113,17 @@ class RemoteTraceback(Exception):
 def function_name(fn: Callable[..., Any]) -> str:
     """The ``module:qualname`` of an importable callable.
 
-    :raises BadTask: for a lambda, a local function or a bound method of an
-        instance, which a worker cannot import.
+    :raises BadTask: for a lambda, a local function, a bound method of an
+        instance or a callable object, which a worker cannot import by name.
     """
+    if inspect.ismethod(fn) and not isinstance(fn.__self__, type):
+        # Its qualname names the plain function, which a worker would call
+        # without the instance (with the first argument as self).
+        raise BadTask(
+            f"{fn!r} is a method bound to an instance, which a worker cannot "
+            f"import; pass a module-level function that takes the object as an "
+            f"argument"
+        )
     module = getattr(fn, "__module__", None)
     qualname = getattr(fn, "__qualname__", None)
     if module == "__main__":  # run with `python -m package.module`: its real name
@@ -114,9 +138,19 @@ def function_name(fn: Callable[..., Any]) -> str:
     return f"{module}:{qualname}"
 
 
-@cache
+_resolved: dict[str, Callable[..., Any]] = {}
+
+
+def resolved(name: str) -> Callable[..., Any] | None:
+    """The callable ``name`` if it has been resolved before (no import)."""
+    return _resolved.get(name)
+
+
 def resolve(name: str) -> Callable[..., Any]:
-    """Import the callable ``module:qualname``.
+    """Import the callable ``module:qualname`` (remembered once it resolves).
+
+    Importing runs the module's code, which may take any time: a worker
+    calls this off its event loop unless :func:`resolved` has it.
 
     :raises BadTask: if ``name`` is not of the form ``module:qualname``.
     :raises FunctionNotFound: if it does not import.
@@ -146,6 +180,7 @@ def resolve(name: str) -> Callable[..., Any]:
             ) from None
     if not callable(target):
         raise NotCallable(f"{name!r} is a {type(target).__name__}, not a callable")
+    _resolved[name] = target
     return target  # type: ignore[no-any-return]
 
 
@@ -206,23 +241,49 @@ def failure_of(
     """A Failure carrying ``exc``, its type, text and (if ``remote``) its
     traceback, which the receiving side attaches as the cause.
 
-    ``code`` defaults to a :class:`BadTask`'s own status, else UNKNOWN (the
-    task raised).
+    ``code`` defaults to the exception's own ``status`` (the task errors
+    have one), else UNKNOWN (the task raised). Never raises, whatever the
+    exception does when printed or pickled: every task gets its answer.
     """
     if code is None:
-        code = exc.status if isinstance(exc, BadTask) else grpc.StatusCode.UNKNOWN
+        code = getattr(type(exc), "status", grpc.StatusCode.UNKNOWN)
+        if not isinstance(code, grpc.StatusCode):
+            code = grpc.StatusCode.UNKNOWN
     kind = type(exc)
     try:
         pickled = pickle.dumps(exc, protocol=pickle.HIGHEST_PROTOCOL)
         pickle.loads(pickled)  # some exceptions pickle but do not unpickle
-    except Exception:
+    except BaseException:  # a hostile exception may raise anything
         pickled = b""
+    try:
+        trace = "".join(traceback.format_exception(exc)) if remote else ""
+    except BaseException:
+        trace = ""
     return Failure(
-        type=f"{kind.__module__}.{kind.__qualname__}",
-        message=str(exc),
-        traceback="".join(traceback.format_exception(exc)) if remote else "",
+        type=f"{getattr(kind, '__module__', '?')}.{getattr(kind, '__qualname__', '?')}",
+        message=_text_of(exc),
+        traceback=trace,
         exception=pickled,
         code=code.value[0],
+    )
+
+
+def _text_of(exc: BaseException) -> str:
+    """``str(exc)``, or a stand-in when its ``__str__`` raises or lies."""
+    try:
+        text = str(exc)
+    except BaseException:  # whatever __str__ raises
+        return f"<{type(exc).__name__}: str() failed>"
+    return text if isinstance(text, str) else repr(type(exc))
+
+
+def internal_failure(exc: BaseException) -> Failure:
+    """The Failure of a task whose answer could not be built (a bug of ours,
+    or a hostile object): say so rather than leave the caller waiting."""
+    return Failure(
+        type="workers.InternalError",
+        message=f"the worker could not answer the task: {type(exc).__name__}",
+        code=grpc.StatusCode.INTERNAL.value[0],
     )
 
 
@@ -235,11 +296,11 @@ def cancelled() -> Failure:
     )
 
 
-def rejected() -> Failure:
-    """The Failure of a task sent to a draining worker (sent elsewhere)."""
+def rejected(reason: str = "it is draining") -> Failure:
+    """The Failure of a task a worker cannot take now (sent elsewhere)."""
     return Failure(
-        type="workers.Draining",
-        message="the worker is draining",
+        type="workers.Unavailable",
+        message=f"the worker cannot take the task: {reason}",
         code=grpc.StatusCode.UNAVAILABLE.value[0],
     )
 

@@ -7,16 +7,18 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class Task(_message.Message):
-    __slots__ = ("id", "function", "args", "timeout_s")
+    __slots__ = ("id", "function", "args", "timeout_s", "attempt")
     ID_FIELD_NUMBER: _ClassVar[int]
     FUNCTION_FIELD_NUMBER: _ClassVar[int]
     ARGS_FIELD_NUMBER: _ClassVar[int]
     TIMEOUT_S_FIELD_NUMBER: _ClassVar[int]
+    ATTEMPT_FIELD_NUMBER: _ClassVar[int]
     id: int
     function: str
     args: bytes
     timeout_s: float
-    def __init__(self, id: _Optional[int] = ..., function: _Optional[str] = ..., args: _Optional[bytes] = ..., timeout_s: _Optional[float] = ...) -> None: ...
+    attempt: int
+    def __init__(self, id: _Optional[int] = ..., function: _Optional[str] = ..., args: _Optional[bytes] = ..., timeout_s: _Optional[float] = ..., attempt: _Optional[int] = ...) -> None: ...
 
 class Failure(_message.Message):
     __slots__ = ("type", "message", "traceback", "exception", "code")
@@ -51,7 +53,9 @@ class TaskBatch(_message.Message):
     def __init__(self, tasks: _Optional[_Iterable[_Union[Task, _Mapping]]] = ..., cancel: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class ResultBatch(_message.Message):
-    __slots__ = ("results",)
+    __slots__ = ("results", "accepted")
     RESULTS_FIELD_NUMBER: _ClassVar[int]
+    ACCEPTED_FIELD_NUMBER: _ClassVar[int]
     results: _containers.RepeatedCompositeFieldContainer[Result]
-    def __init__(self, results: _Optional[_Iterable[_Union[Result, _Mapping]]] = ...) -> None: ...
+    accepted: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, results: _Optional[_Iterable[_Union[Result, _Mapping]]] = ..., accepted: _Optional[_Iterable[int]] = ...) -> None: ...

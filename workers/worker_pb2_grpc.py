@@ -35,7 +35,7 @@ class WorkerStub:
             channel: A grpc.Channel.
         """
         self.Run = channel.stream_stream(
-                '/shmpool.workers.Worker/Run',
+                '/shmpool.worker.v1.Worker/Run',
                 request_serializer=workers_dot_worker__pb2.TaskBatch.SerializeToString,
                 response_deserializer=workers_dot_worker__pb2.ResultBatch.FromString,
                 _registered_method=True)
@@ -61,9 +61,9 @@ def add_WorkerServicer_to_server(servicer, server):
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
-            'shmpool.workers.Worker', rpc_method_handlers)
+            'shmpool.worker.v1.Worker', rpc_method_handlers)
     server.add_generic_rpc_handlers((generic_handler,))
-    server.add_registered_method_handlers('shmpool.workers.Worker', rpc_method_handlers)
+    server.add_registered_method_handlers('shmpool.worker.v1.Worker', rpc_method_handlers)
 
 
  # This class is part of an EXPERIMENTAL API.
@@ -84,7 +84,7 @@ class Worker:
         return grpc.experimental.stream_stream(
             request_iterator,
             target,
-            '/shmpool.workers.Worker/Run',
+            '/shmpool.worker.v1.Worker/Run',
             workers_dot_worker__pb2.TaskBatch.SerializeToString,
             workers_dot_worker__pb2.ResultBatch.FromString,
             options,

@@ -18,7 +18,7 @@ infos = st.builds(
     version=text,
     tags=st.frozensets(text, max_size=5),
     extra=st.dictionaries(text, text, max_size=5),
-    status=st.sampled_from(["ready", "draining"]),
+    status=st.sampled_from(["ready", "draining", "stuck"]),
     capacity=st.integers(1, 2**31),
 )
 

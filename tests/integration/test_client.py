@@ -4,13 +4,20 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-import time
 from collections.abc import Iterator
 
 import pytest
 
 from discovery import list_workers, paths
-from pool import AsyncClient, BadTask, Client, NoWorkerAvailable, Pool, PoolNotRunning
+from pool import (
+    AsyncClient,
+    BadTask,
+    Client,
+    NoWorkerAvailable,
+    Pool,
+    PoolNotRunning,
+    TaskTimeout,
+)
 from tests import sample_tasks
 from tests.pools import processes_mentioning
 from tests.streams import eventually
@@ -50,10 +57,8 @@ def test_map_timeout_raises(pool: Pool) -> None:
 def test_task_timeout_reaches_the_worker(pool: Pool) -> None:
     """A per-task timeout fails the task at the worker with TimeoutError."""
     with Client(pool.namespace, task_timeout_s=0.3) as client:
-        started = time.monotonic()
-        with pytest.raises(TimeoutError, match=r"ran over its 0\.3 s"):
-            client.submit(sample_tasks.async_nap, 30).result(timeout=10)
-        assert time.monotonic() - started < 10
+        with pytest.raises(TaskTimeout, match=r"ran over its 0\.3 s"):
+            client.submit(sample_tasks.async_nap, 30).result(timeout=20)
         assert client.submit(sample_tasks.square, 4).result(timeout=30) == 16
 
 
@@ -84,15 +89,22 @@ def test_tasks_spread_to_the_least_loaded_workers(pool: Pool) -> None:
 
 
 def test_bad_tasks_fail_clearly(pool: Pool) -> None:
-    """Unimportable names, non-callables and lambdas fail with BadTask; the
-    pool keeps serving."""
+    """Unimportable names, non-callables, lambdas and bound methods fail with
+    BadTask, set on their future; the pool keeps serving.
+
+    Regression: a bound method was sent by its qualname and the worker
+    called the plain function with the first argument as self."""
     with Client(pool.namespace) as client:
         with pytest.raises(BadTask, match="cannot import module 'no_such_module'"):
             client.submit("no_such_module:f").result(timeout=30)
         with pytest.raises(BadTask, match="is a int, not a callable"):
             client.submit("tests.sample_tasks:NOT_CALLABLE").result(timeout=30)
         with pytest.raises(BadTask, match="cannot be imported by a worker"):
-            client.submit(lambda: 1)
+            client.submit(lambda: 1).result(timeout=30)
+        bound = sample_tasks.Scaler(42).scale
+        with pytest.raises(BadTask, match="is a method bound to an instance"):
+            client.submit(bound, 3).result(timeout=30)
+        assert client.submit(sample_tasks.Scaler.unit, 7).result(timeout=30) == 7
         assert client.submit(sample_tasks.square, 5).result(timeout=30) == 25
 
 

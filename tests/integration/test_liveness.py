@@ -11,10 +11,10 @@ import uuid
 import pytest
 
 from discovery import LocalDiscovery, Subscriber, list_workers
-from discovery.liveness import liveness_path
+from discovery.liveness import liveness_path, pid_namespace
 from tests.helpers import agent
 from tests.pools import pool_command, running_pool, watching
-from tests.streams import eventually, follow, next_event
+from tests.streams import eventually, follow, make_info, next_event, raw_writer
 
 pytestmark = pytest.mark.integration
 
@@ -58,6 +58,28 @@ async def test_sigkilled_publisher_without_supervisor_drops(namespace: str) -> N
         assert list_workers(namespace) == []
         for uid in uids:
             assert not liveness_path(namespace, uuid.UUID(uid)).exists()
+
+
+async def test_worker_whose_pid_was_reused_is_dropped_at_the_next_poll(
+    namespace: str,
+) -> None:
+    """A slot whose pid names a live process that is not its publisher (the
+    pid was reused before the subscriber opened its pidfd) is dropped at the
+    next poll all the same: its liveness lock is free.
+
+    Regression: only slots without a pidfd had their lock tested at a poll,
+    so such a worker was never dropped."""
+    info = make_info()  # its pid: this test's process, alive throughout
+    with LocalDiscovery(namespace), raw_writer(namespace) as writer:
+        async with follow(Subscriber(namespace, poll_interval=0.2)) as stream:
+            writer.write(
+                0, info.uid, info.encode(), pid=os.getpid(), pidns=pid_namespace()
+            )
+            added = await next_event(stream)
+            assert (added.type, added.worker_info.uid) == ("worker-added", info.uid)
+            dropped = await next_event(stream)
+            assert (dropped.type, dropped.worker_info) == ("worker-dropped", info)
+        assert list_workers(namespace) == []
 
 
 async def test_publisher_killed_before_registering_leaves_nothing(

@@ -40,7 +40,7 @@ def test_worker_info_is_frozen_and_hashable() -> None:
 @pytest.mark.parametrize(
     ("fields", "message"),
     [
-        ({"status": "sleeping"}, r"^status must be 'ready' or 'draining'"),
+        ({"status": "sleeping"}, r"^status must be one of \['draining', 'ready'"),
         ({"capacity": 0}, r"^capacity must be at least 1, got 0$"),
         ({"pid": -1}, r"^pid must not be negative, got -1$"),
         ({"uid": "not-a-uuid"}, r"^uid must be a UUID"),
@@ -52,6 +52,14 @@ def test_worker_info_rejects_bad_fields(
     """A bad field is a ValueError that names it."""
     with pytest.raises(ValueError, match=message):
         make_info(**fields)
+
+
+def test_worker_info_decode_rejects_an_unknown_status() -> None:
+    """A status number this version does not know (or none) is refused."""
+    message = make_info().to_protobuf()
+    message.status = 0  # type: ignore[assignment]
+    with pytest.raises(ValueError, match=r"^unknown worker status 0$"):
+        WorkerInfo.from_protobuf(message)
 
 
 def test_worker_info_decode_rejects_garbage() -> None:

@@ -1,0 +1,186 @@
+"""Who owns a namespace, told by a lock rather than by a pid.
+
+The process that creates a namespace's registry holds an exclusive flock on
+``<namespace dir>/owner`` for as long as it owns it; the file names the
+owner's pid and the namespace. The kernel releases the lock when the owner
+dies, however it dies, so "lock free" means "owner gone" (pids are reused;
+a lock is not), and whatever the namespace still holds then is garbage
+that the next owner, or :func:`sweep_dead`, removes.
+
+Callers: :mod:`discovery.local` (claims and releases ownership, reclaims),
+and the pool (``owner_pid`` for ``pool down``, ``sweep_dead`` when a pool
+starts). This module and :mod:`local` are the only ones that remove a
+namespace's segment.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+from typing import Final, Self
+
+import portalocker
+
+from discovery import paths
+from discovery.errors import NamespaceInUse
+from discovery.registry import Registry, RegistryLock, same_file
+
+log = logging.getLogger(__name__)
+
+OWNER_FILE: Final = "owner"
+_CLAIM_ATTEMPTS: Final = 5
+_EXCLUSIVE_NOW: Final = (
+    portalocker.LockFlags.EXCLUSIVE | portalocker.LockFlags.NON_BLOCKING
+)
+
+
+class Ownership:
+    """This process's hold on a namespace (see the module docstring)."""
+
+    def __init__(self, namespace: str, fd: int) -> None:
+        self.namespace, self._fd = namespace, fd
+
+    @classmethod
+    def claim(cls, namespace: str) -> Self | None:
+        """Take ownership of ``namespace`` unless a live process holds it.
+
+        :returns: the hold, or None if another live owner has it.
+        """
+        for _ in range(_CLAIM_ATTEMPTS):
+            path = paths.namespace_dir(namespace) / OWNER_FILE
+            try:
+                fd = paths.open_private_file(path)
+            except FileNotFoundError:  # its directory was swept meanwhile
+                continue
+            try:
+                portalocker.lock(fd, _EXCLUSIVE_NOW)
+            except portalocker.AlreadyLocked:
+                os.close(fd)
+                return None
+            if same_file(fd, path):  # not removed (swept) as we locked it
+                os.ftruncate(fd, 0)
+                os.pwrite(fd, f"{os.getpid()} {namespace}\n".encode(), 0)
+                return cls(namespace, fd)
+            os.close(fd)
+        raise RuntimeError(f"could not claim namespace {namespace!r}: it keeps moving")
+
+    def release(self) -> None:
+        """Give ownership up (the owner file goes with its directory). Never
+        raises."""
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
+
+
+def owner_pid(namespace: str) -> int | None:
+    """The pid of the live process that owns ``namespace``, or None."""
+    path = paths.namespace_dir(namespace, create=False) / OWNER_FILE
+    held = _read_if_held(path)
+    return held[0] if held is not None else None
+
+
+def _read_if_held(path: Path) -> tuple[int, str] | None:
+    """The (pid, namespace) an owner file names while its lock is held."""
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        try:
+            portalocker.lock(fd, _EXCLUSIVE_NOW)
+        except portalocker.AlreadyLocked:
+            text = os.pread(fd, 200, 0).decode(errors="replace")
+            pid, _, namespace = text.partition(" ")
+            return (int(pid) if pid.isdigit() else 0), namespace.strip()
+        return None
+    finally:
+        os.close(fd)  # releases the lock if we took it
+
+
+def reclaim(namespace: str) -> bool:
+    """Remove what a dead owner left of ``namespace``: its segment and files.
+
+    :returns: True if there was an ownerless namespace to remove.
+    :raises NamespaceInUse: if a live process owns it.
+    """
+    lock = RegistryLock(namespace)
+    try:
+        with lock.hold():
+            ownership = Ownership.claim(namespace)
+            if ownership is None:
+                raise NamespaceInUse(namespace, owner_pid(namespace) or 0)
+            try:
+                existed = (paths.SHM_DIR / paths.segment_name(namespace)).exists()
+                Registry.unlink_name(namespace)
+                paths.remove_namespace_dir(namespace)
+            finally:
+                ownership.release()
+    finally:
+        lock.close()
+    return existed
+
+
+def sweep_dead() -> list[str]:
+    """Remove every namespace of this user whose owner has died: its segment
+    in /dev/shm and its runtime directory. A namespace that is busy (its
+    registry lock held) or owned is left alone. Never raises.
+
+    :returns: the namespaces removed.
+    """
+    removed: list[str] = []
+    try:
+        entries = list(os.scandir(paths.runtime_dir()))
+    except OSError:
+        return removed
+    for entry in entries:
+        if not entry.name.startswith(paths.SEGMENT_PREFIX) or not entry.is_dir(
+            follow_symlinks=False
+        ):
+            continue
+        try:
+            namespace = _dead_namespace(Path(entry.path))
+            if namespace is not None and _remove_if_dead(namespace):
+                removed.append(namespace)
+        except (OSError, ValueError) as exc:
+            log.warning("could not sweep %s: %s", entry.path, exc)
+    return removed
+
+
+def _dead_namespace(directory: Path) -> str | None:
+    """The namespace a dead owner left in ``directory``, if it is one."""
+    path = directory / OWNER_FILE
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return None  # never owned (a subscriber waiting for it, say)
+    try:
+        text = os.pread(fd, 200, 0).decode(errors="replace")
+    finally:
+        os.close(fd)
+    namespace = text.partition(" ")[2].strip()
+    try:
+        if paths.namespace_key(namespace) != directory.name:
+            return None  # not what this directory holds: leave it
+    except ValueError:
+        return None
+    return namespace
+
+
+def _remove_if_dead(namespace: str) -> bool:
+    lock = RegistryLock(namespace)
+    try:
+        with lock.hold_if_free() as held:
+            if not held:
+                return False
+            ownership = Ownership.claim(namespace)
+            if ownership is None:
+                return False
+            try:
+                Registry.unlink_name(namespace)
+                paths.remove_namespace_dir(namespace)
+            finally:
+                ownership.release()
+    finally:
+        lock.close()
+    return True

@@ -1,0 +1,301 @@
+"""A client's stream of tasks to its pool's dispatcher.
+
+:class:`Ledger` is the bookkeeping, with no I/O: the tasks sent and not
+answered, what is still to be written (submissions and cancels), and what
+each answer means for its :class:`Handler` (``accepted``: a worker took the
+task; ``resolve``: its result). :class:`Connection` runs it over one
+``SubmitStream`` at a time, on the loop that made it, in :meth:`run`: a
+task group of a sender (everything outgoing in one message, as soon as the
+previous write is done) and the reader of answers.
+
+When the stream breaks (the supervisor restarts a dispatcher that died),
+it reconnects, with back-off, for up to ``reconnect_s``, and sends again
+every task still unanswered: the new dispatcher never saw them (so a task
+may run twice; at least once is the promise). When the dispatcher ends the
+stream (the pool stopped), or no pool owns the namespace any more, or the
+pool refuses us (token, protocol), what is pending fails at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Final, Protocol
+
+import grpc
+from grpc import aio
+
+from discovery import owner_pid, paths
+from pool import dispatcher_pb2_grpc
+from pool.dispatcher_pb2 import Submission, SubmissionBatch
+from pool.errors import PoolError, PoolNotRunning, ProtocolMismatch
+from workers import auth, tasks
+from workers.lifecycle import GRPC_OPTIONS
+from workers.worker_pb2 import Result, ResultBatch
+
+ADDRESS_FILE: Final = "address"
+RECONNECT_S: Final = 30.0  # how long a client waits for a restarted dispatcher
+RECONNECT_FIRST_S: Final = 0.05
+MAX_BATCH_TASKS: Final = 4096  # submissions per message
+
+
+def locate(namespace: str) -> tuple[str, str]:
+    """The dispatcher address and token of the pool serving ``namespace``.
+
+    :raises PoolNotRunning: if no live pool serves it.
+    """
+    directory = paths.namespace_dir(namespace, create=False)
+    try:
+        address = (directory / ADDRESS_FILE).read_text().strip()
+        token = auth.read_token(namespace)
+    except (FileNotFoundError, auth.MissingToken):
+        raise PoolNotRunning(namespace) from None
+    if owner_pid(namespace) is None:  # files a dead pool left
+        raise PoolNotRunning(namespace, "its last pool died")
+    return address, token
+
+
+class Handler(Protocol):
+    """The caller's side of one task."""
+
+    def accepted(self) -> None:
+        """A worker has taken the task (called at most once per send)."""
+
+    def resolve(self, result: Result) -> None:
+        """The task's result, or its failure (called once)."""
+
+
+class Ledger:
+    """The tasks a connection has sent and not heard the end of."""
+
+    def __init__(self) -> None:
+        self._pending: dict[int, tuple[Submission, Handler]] = {}
+        self._outgoing: dict[int, Submission] = {}  # not written yet, in order
+        self._cancels: list[int] = []
+        self._cancelled: set[int] = set()  # asked for, not yet answered
+
+    def __len__(self) -> int:
+        return len(self._pending)
+
+    @property
+    def has_outgoing(self) -> bool:
+        return bool(self._outgoing or self._cancels)
+
+    def add(self, submission: Submission, handler: Handler) -> None:
+        self._pending[submission.task.id] = (submission, handler)
+        self._outgoing[submission.task.id] = submission
+
+    def cancel(self, task_id: int) -> None:
+        """Cancel a pending task: here if it was not written yet, else ask
+        the dispatcher (its answer comes then)."""
+        if self._outgoing.pop(task_id, None) is not None:
+            _, handler = self._pending.pop(task_id)
+            handler.resolve(Result(id=task_id, failure=tasks.cancelled()))
+        elif task_id in self._pending and task_id not in self._cancelled:
+            self._cancelled.add(task_id)
+            self._cancels.append(task_id)
+
+    def batches(self) -> Iterator[SubmissionBatch]:
+        """What is to be written, in messages of at most MAX_BATCH_TASKS."""
+        outgoing, self._outgoing = list(self._outgoing.values()), {}
+        cancels, self._cancels = self._cancels, []
+        for start in range(0, max(len(outgoing), 1), MAX_BATCH_TASKS):
+            part = outgoing[start : start + MAX_BATCH_TASKS]
+            yield SubmissionBatch(submissions=part, cancel=cancels)
+            cancels = []
+
+    def on_batch(self, batch: ResultBatch) -> None:
+        for task_id in batch.accepted:
+            if (entry := self._pending.get(task_id)) is not None:
+                entry[1].accepted()
+        for result in batch.results:
+            if (entry := self._pending.pop(result.id, None)) is not None:
+                self._cancelled.discard(result.id)
+                entry[1].resolve(result)
+
+    def resend_all(self) -> None:
+        """After a lost stream: every unanswered task goes out again, but
+        those cancelled meanwhile are answered here."""
+        for task_id in self._cancelled:
+            if (entry := self._pending.pop(task_id, None)) is not None:
+                entry[1].resolve(Result(id=task_id, failure=tasks.cancelled()))
+        self._cancelled.clear()
+        self._cancels = []
+        self._outgoing = {task_id: entry[0] for task_id, entry in self._pending.items()}
+
+    def fail_all(self, error: PoolError) -> None:
+        pending, self._pending = self._pending, {}
+        self._outgoing, self._cancels = {}, []
+        self._cancelled.clear()
+        failure = tasks.failure_of(error, remote=False)
+        for task_id, (_, handler) in pending.items():
+            handler.resolve(Result(id=task_id, failure=failure))
+
+
+@dataclass(frozen=True)
+class _Ended:
+    """How one stream ended: ``error`` fails what is pending, or None (it
+    broke: reconnect and send again); ``served``: it reached the dispatcher."""
+
+    error: PoolError | None
+    served: bool
+
+
+class Connection:
+    """The stream of tasks to a pool's dispatcher; see the module docstring.
+
+    Create it on the loop that will run it, then run :meth:`run` in a task
+    group; :meth:`submit`, :meth:`cancel` and :meth:`close` are called on
+    that loop.
+
+    :raises PoolNotRunning: if no pool serves the namespace now.
+    """
+
+    def __init__(self, namespace: str, *, reconnect_s: float = RECONNECT_S) -> None:
+        locate(namespace)  # fail now, clearly, if there is no pool at all
+        self.namespace = namespace
+        self._reconnect_s = reconnect_s
+        self.ledger = Ledger()
+        self._wake = asyncio.Event()
+        self._closing = False
+        self._abandon = False
+        self._call: aio.StreamStreamCall[SubmissionBatch, ResultBatch] | None = None
+        self.refused: PoolError | None = None  # once refused, always
+
+    def submit(self, submission: Submission, handler: Handler) -> None:
+        """Send a task; ``handler`` hears what becomes of it."""
+        if self.refused is not None:
+            handler.resolve(
+                Result(
+                    id=submission.task.id,
+                    failure=tasks.failure_of(self.refused, remote=False),
+                )
+            )
+            return
+        self.ledger.add(submission, handler)
+        self._wake.set()
+
+    def cancel(self, task_id: int) -> None:
+        self.ledger.cancel(task_id)
+        self._wake.set()
+
+    def close(self, *, abandon: bool = False) -> None:
+        """End :meth:`run` once nothing is pending (at once with
+        ``abandon``: what is pending fails)."""
+        self._closing = True
+        self._wake.set()
+        if abandon and not self._abandon:
+            self._abandon = True
+            self.ledger.fail_all(PoolNotRunning(self.namespace, "the client closed"))
+            if self._call is not None:
+                self._call.cancel()  # hang up: the dispatcher cancels our tasks
+
+    async def run(self) -> None:
+        """Keep a stream open while there is work; reconnect when it breaks."""
+        lost_at: float | None = None
+        delay = RECONNECT_FIRST_S
+        while True:
+            while not (len(self.ledger) or self._closing):
+                self._wake.clear()
+                await self._wake.wait()  # connect (again) only for work
+            if self._closing and (self._abandon or not len(self.ledger)):
+                self.ledger.fail_all(
+                    PoolNotRunning(self.namespace, "the client closed")
+                )
+                return
+            ended = await self._serve()
+            if self._closing and (self._abandon or not len(self.ledger)):
+                continue  # done: the loop's top returns
+            if ended.error is not None:
+                self.ledger.fail_all(ended.error)
+                continue
+            if ended.served:
+                lost_at, delay = None, RECONNECT_FIRST_S
+            lost_at = lost_at or time.monotonic()
+            if time.monotonic() - lost_at >= self._reconnect_s:
+                self.ledger.fail_all(
+                    PoolNotRunning(self.namespace, "lost its dispatcher")
+                )
+                lost_at = None
+                continue
+            self.ledger.resend_all()
+            await asyncio.sleep(delay)  # back-off between attempts to reconnect
+            delay = min(delay * 2, 1.0)
+
+    async def _serve(self) -> _Ended:
+        """One stream, until it ends."""
+        try:
+            address, token = locate(self.namespace)
+        except PoolNotRunning as exc:
+            return _Ended(exc, served=False)  # no restart is coming
+        channel = aio.insecure_channel(address, options=GRPC_OPTIONS)
+        stub = dispatcher_pb2_grpc.DispatcherStub(channel)  # type: ignore[no-untyped-call]
+        self._call = call = stub.SubmitStream(metadata=auth.call_metadata(token))
+        try:
+            async with asyncio.TaskGroup() as group:
+                sending = group.create_task(self._send(call))
+                try:
+                    served, failed = await self._receive(call)
+                finally:
+                    sending.cancel()
+        finally:
+            self._call = None
+            call.cancel()
+            await channel.close()
+        if failed is not None:
+            return _Ended(self._refusal(failed), served)
+        stopped = PoolNotRunning(self.namespace, "the pool stopped")
+        return _Ended(None if self._closing else stopped, served)
+
+    async def _receive(
+        self, call: aio.StreamStreamCall[SubmissionBatch, ResultBatch]
+    ) -> tuple[bool, aio.AioRpcError | None]:
+        """Read answers until the stream ends: whether it reached the
+        dispatcher, and the error it ended with."""
+        served = False
+        try:
+            await call.wait_for_connection()
+            served = True
+            async for batch in call:
+                self.ledger.on_batch(batch)
+                if self._closing and not len(self.ledger):
+                    self._wake.set()  # the sender ends our side of the stream
+        except aio.AioRpcError as exc:
+            return served, exc
+        except asyncio.CancelledError:
+            task = asyncio.current_task()
+            if task is not None and task.cancelling():
+                raise  # this task is being cancelled
+            # grpc raises CancelledError out of a call that close() hung up
+        return served, None
+
+    def _refusal(self, exc: aio.AioRpcError) -> PoolError | None:
+        """The error that ends every task for good, if the pool refused us."""
+        code = exc.code()
+        if code == grpc.StatusCode.UNAUTHENTICATED:
+            detail = f"the pool refused our token ({exc.details()})"
+            self.refused = PoolNotRunning(self.namespace, detail)
+        elif code == grpc.StatusCode.FAILED_PRECONDITION:
+            self.refused = ProtocolMismatch(self.namespace, exc.details() or "")
+        return self.refused
+
+    async def _send(
+        self, call: aio.StreamStreamCall[SubmissionBatch, ResultBatch]
+    ) -> None:
+        while True:
+            if self._closing and not len(self.ledger):
+                with contextlib.suppress(aio.AioRpcError, aio.UsageError):
+                    await call.done_writing()  # the dispatcher ends the stream
+                return
+            if not self.ledger.has_outgoing:
+                self._wake.clear()
+                await self._wake.wait()
+                continue
+            for batch in self.ledger.batches():
+                try:
+                    await call.write(batch)
+                except (aio.AioRpcError, aio.UsageError, asyncio.InvalidStateError):
+                    return  # the reader sees the stream end; all goes again

@@ -1,0 +1,158 @@
+"""The dispatcher's stream to one worker: :class:`WorkerLink`.
+
+A link owns a gRPC channel and one ``Run`` call to its worker, and, while
+:meth:`WorkerLink.run` runs, a task group of two: a sender that writes the
+tasks the router gives it (and cancels), many per message, and the caller
+of ``run`` reading the worker's batches back into the router (tasks taken,
+then results). ``run`` returns when the stream ends, however it ends; the
+router then requeues what the worker did not answer. Created and run by
+:class:`pool.routing.Router`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+import grpc
+from grpc import aio
+
+from discovery import WorkerInfo
+from workers import auth
+from workers.lifecycle import GRPC_OPTIONS
+from workers.worker_pb2 import ResultBatch, Task, TaskBatch
+from workers.worker_pb2_grpc import WorkerStub
+
+if TYPE_CHECKING:
+    from pool.routing import Job, Router
+
+log = logging.getLogger("pool.dispatcher")
+
+
+class WorkerLink:
+    """The dispatcher's connection to one worker, and the tasks it has there."""
+
+    def __init__(self, info: WorkerInfo, router: Router, token: str) -> None:
+        self.info = info
+        self.in_flight: dict[int, Job] = {}
+        self.done = 0
+        self.dropped = False
+        self._connected = False  # the stream reached the worker
+        self._ended = False
+        self._router = router
+        self._token = token
+        self._outbox: list[Task] = []
+        self._cancels: list[int] = []
+        self._wake = asyncio.Event()
+        self._call: aio.StreamStreamCall[TaskBatch, ResultBatch] | None = None
+
+    @classmethod
+    def connector(cls, token: str) -> Callable[[WorkerInfo, Router], WorkerLink]:
+        """What the router calls to link a newly discovered worker."""
+
+        def connect(info: WorkerInfo, router: Router) -> WorkerLink:
+            return cls(info, router, token)
+
+        return connect
+
+    @property
+    def free(self) -> int:
+        """Tasks it may still take."""
+        return self.info.capacity - len(self.in_flight)
+
+    @property
+    def ready(self) -> bool:
+        """Takes tasks: connected, still streaming, registered and ready."""
+        return (
+            self._connected
+            and not self._ended
+            and not self.dropped
+            and self.info.status == "ready"
+        )
+
+    def describe(self) -> str:
+        return f"worker pid {self.info.pid} ({str(self.info.uid)[:8]})"
+
+    def send(self, job: Job) -> None:
+        job.link = self
+        job.taken = False
+        job.task.attempt = job.attempts + 1
+        self.in_flight[job.task.id] = job
+        self._outbox.append(job.task)
+        self._wake.set()
+
+    def withdraw(self, job: Job) -> bool:
+        """Take back a task not written to the worker yet; True if it was."""
+        try:
+            self._outbox.remove(job.task)
+        except ValueError:
+            return False
+        return True
+
+    def cancel(self, task_id: int) -> None:
+        self._cancels.append(task_id)
+        self._wake.set()
+
+    async def run(self) -> None:
+        """Stream tasks to the worker and results back until the stream ends."""
+        channel = aio.insecure_channel(self.info.address, options=GRPC_OPTIONS)
+        try:
+            stub = WorkerStub(channel)  # type: ignore[no-untyped-call]
+            self._call = stub.Run(metadata=auth.call_metadata(self._token))
+            async with asyncio.TaskGroup() as group:
+                sending = group.create_task(self._send(self._call))
+                try:
+                    await self._receive(self._call)
+                finally:
+                    sending.cancel()
+        finally:
+            self._ended = True
+            await channel.close()
+
+    def close(self) -> None:
+        """End the stream; :meth:`run` returns soon after. Never raises."""
+        self._ended = True
+        if self._call is not None:
+            self._call.cancel()
+
+    async def _send(self, call: aio.StreamStreamCall[TaskBatch, ResultBatch]) -> None:
+        try:
+            await call.wait_for_connection()
+        except aio.AioRpcError:
+            return  # _receive reports it
+        self._connected = True
+        self._router.pump()
+        while True:
+            await self._wake.wait()
+            self._wake.clear()
+            batch = TaskBatch(tasks=self._outbox, cancel=self._cancels)
+            self._outbox, self._cancels = [], []
+            try:
+                await call.write(batch)
+            except (aio.AioRpcError, aio.UsageError, asyncio.InvalidStateError):
+                return  # _receive sees the stream end
+
+    async def _receive(
+        self, call: aio.StreamStreamCall[TaskBatch, ResultBatch]
+    ) -> None:
+        router = self._router
+        try:
+            async for batch in call:
+                if batch.accepted:
+                    router.on_accepted(self, batch.accepted)
+                for result in batch.results:
+                    router.on_result(self, result)
+        except aio.AioRpcError as exc:
+            self._report(exc)
+
+    def _report(self, exc: aio.AioRpcError) -> None:
+        code = exc.code()
+        if code in (
+            grpc.StatusCode.FAILED_PRECONDITION,
+            grpc.StatusCode.UNAUTHENTICATED,
+        ):
+            log.error("%s refused this dispatcher: %s", self.describe(), exc.details())
+        elif code != grpc.StatusCode.CANCELLED:
+            log.info("%s: stream broke: %s", self.describe(), code.name)

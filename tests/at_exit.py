@@ -1,0 +1,52 @@
+"""A program that leaves the interpreter with work in flight:
+``python -m tests.at_exit MODE NAMESPACE GATE``.
+
+MODE ``client``: a Client of the pool in NAMESPACE submits a task that waits
+for the file GATE, and the program ends without shutting it down.
+MODE ``pool``: the same through an embedded Pool (namespace NAMESPACE) that
+is never closed. MODE ``killed``: an embedded Pool that prints ``ready`` and
+waits to be killed.
+
+It prints ``exiting`` when the interpreter starts to exit (the test then
+opens GATE); then, in an atexit hook (which runs after the clients' own
+exit hook), the task's result and what a new submit raised.
+"""
+
+from __future__ import annotations
+
+import atexit
+import sys
+import threading
+
+from pool import Client, Pool
+from tests import sample_tasks
+
+
+def main() -> None:
+    mode, namespace, gate = sys.argv[1:]
+    if mode == "killed":
+        Pool(workers=1, namespace=namespace).__enter__()
+        print("ready", flush=True)
+        threading.Event().wait()
+    client = (
+        Client(namespace)
+        if mode == "client"
+        else Pool(workers=1, namespace=namespace).__enter__()
+    )
+    future = client.submit(sample_tasks.gated, gate, 42)
+
+    def report() -> None:
+        print(f"result {future.result(timeout=0)}")
+        try:
+            client.submit(sample_tasks.square, 1)
+        except RuntimeError as exc:
+            print(f"submit {exc}")
+
+    atexit.register(report)
+    # Runs first at exit (these hooks run last-registered first): the test
+    # opens the gate only once the program is on its way out.
+    threading._register_atexit(lambda: print("exiting", flush=True))  # type: ignore[attr-defined]
+
+
+if __name__ == "__main__":
+    main()

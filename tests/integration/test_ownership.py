@@ -1,0 +1,97 @@
+"""Who owns a namespace is told by a lock, never by a pid."""
+
+from __future__ import annotations
+
+import os
+import struct
+from collections.abc import Callable
+
+import pytest
+
+from discovery import (
+    LocalDiscovery,
+    NamespaceInUse,
+    owner_pid,
+    paths,
+    reclaim,
+    sweep_dead,
+)
+from discovery.registry import Registry
+from tests.helpers import agent
+
+pytestmark = pytest.mark.integration
+
+_OWNER_PID_AT = 28  # the registry header's owner pid field
+
+
+def _segment(namespace: str) -> os.PathLike[str]:
+    return paths.SHM_DIR / paths.segment_name(namespace)
+
+
+def _create_and_kill(namespace: str) -> None:
+    """Create the namespace in another process, then SIGKILL it."""
+    with agent("publish", namespace, "--create") as owner:
+        owner.expect("ready")
+        assert owner_pid(namespace) == owner.pid
+        owner.kill()
+    assert owner_pid(namespace) is None
+    assert os.path.exists(_segment(namespace))  # what the dead owner left
+
+
+def test_a_dead_owner_is_replaced_even_when_its_pid_is_alive_again(
+    namespace: str,
+) -> None:
+    """A namespace whose owner was killed, and whose recorded owner pid now
+    names a live process (the pid was reused), is claimed by the next
+    LocalDiscovery: a new segment replaces the old one.
+
+    Regression: reclaim trusted `kill(pid, 0)` on the recorded pid, and so
+    refused a dead owner's namespace as in use."""
+    _create_and_kill(namespace)
+    registry = Registry.attach(namespace)
+    try:
+        struct.pack_into("<I", registry._view, _OWNER_PID_AT, os.getpid())
+        old = os.stat(_segment(namespace)).st_ino
+    finally:
+        registry.close()
+    assert reclaim(namespace) is True
+    assert not os.path.exists(_segment(namespace))
+    _create_and_kill(namespace)
+    with LocalDiscovery(namespace, exclusive=True) as owned:
+        assert owned.created and owner_pid(namespace) == os.getpid()
+        assert os.stat(_segment(namespace)).st_ino != old
+    assert not os.path.exists(_segment(namespace))
+
+
+def test_a_live_owner_is_never_taken_over(namespace: str) -> None:
+    """While its owner lives, a namespace is attached to, never replaced;
+    an exclusive claim is refused with the owner's pid; reclaim refuses."""
+    with agent("publish", namespace, "--create") as owner:
+        owner.expect("ready")
+        before = os.stat(_segment(namespace)).st_ino
+        with LocalDiscovery(namespace) as attached:
+            assert not attached.created
+        with pytest.raises(NamespaceInUse, match=f"live process {owner.pid}"):
+            LocalDiscovery(namespace, exclusive=True).__enter__()
+        with pytest.raises(NamespaceInUse):
+            reclaim(namespace)
+        assert os.stat(_segment(namespace)).st_ino == before
+        owner.stop()
+    assert not os.path.exists(_segment(namespace))
+
+
+def test_sweep_removes_dead_namespaces_only(
+    make_namespace: Callable[[], str],
+) -> None:
+    """sweep_dead removes the segment and files of every namespace whose
+    owner died, and leaves alone a live one and one nobody ever owned."""
+    dead, alive, unowned = make_namespace(), make_namespace(), make_namespace()
+    _create_and_kill(dead)
+    paths.namespace_dir(unowned)  # as a subscriber waiting for it makes it
+    with LocalDiscovery(alive):
+        assert dead in sweep_dead()
+        assert not os.path.exists(_segment(dead))
+        assert not paths.namespace_dir(dead, create=False).exists()
+        assert os.path.exists(_segment(alive))
+        assert paths.namespace_dir(unowned, create=False).exists()
+    paths.remove_namespace_dir(unowned)

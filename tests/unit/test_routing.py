@@ -1,0 +1,373 @@
+"""The dispatcher's routing logic, driven through small fake links."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import pickle
+import uuid
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from typing import Any
+
+import grpc
+import pytest
+
+from discovery import DiscoveryEvent, WorkerInfo
+from pool import NoWorkerAvailable, PoolStopping, WorkerLost
+from pool.routing import MAX_UNTAKEN_LOSSES, Job, Router
+from workers import tasks
+from workers.worker_pb2 import Result, Task
+
+pytestmark = pytest.mark.timeout(10)
+
+
+class FakeLink:
+    """A worker's stream that the test plays: it takes, answers and dies."""
+
+    def __init__(self, info: WorkerInfo, router: Router) -> None:
+        self.info = info
+        self.router = router
+        self.in_flight: dict[int, Job] = {}
+        self.done = 0
+        self.dropped = False
+        self.written: list[Job] = []  # what reached the worker
+        self.unwritten: list[Job] = []  # sent, not yet written
+        self.cancels: list[int] = []
+        self._ended = asyncio.Event()
+
+    @property
+    def ready(self) -> bool:
+        return (
+            not self._ended.is_set()
+            and not self.dropped
+            and (self.info.status == "ready")
+        )
+
+    @property
+    def free(self) -> int:
+        return self.info.capacity - len(self.in_flight)
+
+    def send(self, job: Job) -> None:
+        job.link = self
+        job.taken = False
+        job.task.attempt = job.attempts + 1
+        self.in_flight[job.task.id] = job
+        self.unwritten.append(job)
+
+    def withdraw(self, job: Job) -> bool:
+        if job in self.unwritten:
+            self.unwritten.remove(job)
+            return True
+        return False
+
+    def cancel(self, task_id: int) -> None:
+        self.cancels.append(task_id)
+
+    async def run(self) -> None:
+        await self._ended.wait()
+
+    def close(self) -> None:
+        self._ended.set()
+
+    # -- what the test makes the worker do ------------------------------------
+
+    def write(self) -> list[Job]:
+        """The sent tasks reach the worker."""
+        self.written += self.unwritten
+        written, self.unwritten = self.unwritten, []
+        return written
+
+    def take(self, *jobs: Job) -> None:
+        self.router.on_accepted(self, [job.task.id for job in jobs])
+
+    def answer(self, job: Job, value: Any) -> None:
+        self.router.on_result(self, Result(id=job.task.id, value=pickle.dumps(value)))
+
+    def refuse(self, job: Job) -> None:
+        self.router.on_result(self, Result(id=job.task.id, failure=tasks.rejected()))
+
+
+class Owner:
+    """A client stream: what it heard about each of its jobs."""
+
+    def __init__(self) -> None:
+        self.accepted: list[int] = []
+        self.results: dict[int, Result] = {}
+
+    def on_accepted(self, job: Job) -> None:
+        self.accepted.append(job.client_id)
+
+    def on_result(self, job: Job, result: Result) -> None:
+        assert job.client_id not in self.results, "answered twice"
+        self.results[job.client_id] = result
+
+    def value(self, client_id: int) -> Any:
+        result = self.results[client_id]
+        assert result.HasField("value"), result.failure
+        return pickle.loads(result.value)
+
+    def error(self, client_id: int) -> BaseException:
+        result = self.results[client_id]
+        assert result.HasField("failure"), result
+        return tasks.exception_of(result.failure)
+
+
+class World:
+    """A router, its fake links by worker name, and one owner."""
+
+    def __init__(self, router: Router, links: dict[uuid.UUID, FakeLink]) -> None:
+        self.router, self._links, self.owner = router, links, Owner()
+        self.infos: dict[str, WorkerInfo] = {}
+        self._next_id = 0
+
+    def add(
+        self, name: str, capacity: int = 2, tags: frozenset[str] = frozenset()
+    ) -> FakeLink:
+        """A worker appears in discovery."""
+        pid = 100 + len(self.infos)
+        info = WorkerInfo(
+            uuid.uuid4(), f"unix:/{name}", pid, "1", tags, capacity=capacity
+        )
+        self.infos[name] = info
+        self.router.on_event(DiscoveryEvent("worker-added", info))
+        return self.link(name)
+
+    def link(self, name: str) -> FakeLink:
+        return self._links[self.infos[name].uid]
+
+    def submit(self, tags: tuple[str, ...] = ()) -> Job:
+        self._next_id += 1
+        job = Job(Task(function="m:f"), frozenset(tags), self.owner, self._next_id)
+        self.router.submit(job)
+        self.router.pump()
+        return job
+
+
+@asynccontextmanager
+async def world(**options: Any) -> AsyncIterator[World]:
+    links: dict[uuid.UUID, FakeLink] = {}
+
+    def connect(info: WorkerInfo, router: Router) -> FakeLink:
+        links[info.uid] = FakeLink(info, router)
+        return links[info.uid]
+
+    alive = options.pop("alive", lambda namespace, uid: False)
+    async with Router("ns", connect, is_alive=alive, **options) as router:
+        yield World(router, links)
+
+
+async def settle() -> None:
+    """Let the router's own tasks (link ends, failures) take their step."""
+    for _ in range(5):
+        await asyncio.sleep(0)
+
+
+async def test_tasks_go_to_the_least_loaded_ready_worker_up_to_capacity() -> None:
+    """Each task goes to the ready worker with the lowest load; none is sent
+    past a worker's capacity; the rest wait, in order, and go as slots free."""
+    async with world() as w:
+        a, b = w.add("a", capacity=2), w.add("b", capacity=1)
+        jobs = [w.submit() for _ in range(4)]
+        assert [j.link for j in jobs[:3]].count(a) == 2
+        assert [j.link for j in jobs[:3]].count(b) == 1
+        assert jobs[3].link is None and w.router.queued == 1
+        a.write()
+        a.answer(jobs[0], "done")
+        assert w.owner.value(jobs[0].client_id) == "done"
+        assert jobs[3].link is a and w.router.queued == 0
+
+
+async def test_tags_choose_the_worker_and_untagged_workers_wait() -> None:
+    """A task needing tags goes only to a worker that has them all."""
+    async with world() as w:
+        w.add("plain")
+        gpu = w.add("gpu", tags=frozenset({"gpu", "big"}))
+        assert w.submit(("gpu",)).link is gpu
+        assert w.submit(("gpu", "big")).link is gpu
+        assert w.submit(("tpu",)).link is None
+
+
+async def test_a_task_counts_an_attempt_only_if_its_worker_took_it() -> None:
+    """A worker lost with a task it had taken costs that task an attempt; a
+    task it never took (sent to a worker already dead) costs none. The
+    attempt number travels with the task."""
+    async with world() as w:
+        a = w.add("a", capacity=2)
+        taken, untaken = w.submit(), w.submit()
+        a.write()
+        a.take(taken)
+        assert w.owner.accepted == [taken.client_id]
+        a.close()
+        await settle()
+        assert (taken.attempts, untaken.attempts) == (1, 0)
+        assert untaken.untaken_losses == 1
+        b = w.add("b", capacity=2)
+        assert taken.link is b and taken.task.attempt == 2
+        assert untaken.link is b and untaken.task.attempt == 1
+
+
+async def test_a_task_that_kills_every_worker_fails_after_max_attempts() -> None:
+    """A poison task that each worker took and died of fails with WorkerLost
+    after max_attempts, naming each worker and how it died (the exit the
+    supervisor reported); nothing else is disturbed."""
+    async with world(max_attempts=3) as w:
+        poison = w.submit()
+        for round_ in range(3):
+            link = w.add(f"w{round_}", capacity=1)
+            assert poison.link is link
+            link.write()
+            link.take(poison)
+            w.router.record_exit(link.info.pid, "exit code 3")
+            link.close()
+            await settle()
+        error = w.owner.error(poison.client_id)
+        assert isinstance(error, WorkerLost) and error.attempts == 3
+        assert [s.rsplit(": ", 1)[1] for s in error.workers] == ["exit code 3"] * 3
+        assert str(error).startswith("the task was lost with its worker 3 time(s)")
+
+
+async def test_a_task_never_taken_is_not_retried_forever() -> None:
+    """A task whose workers all die before taking it fails after
+    MAX_UNTAKEN_LOSSES, rather than bouncing for ever."""
+    async with world() as w:
+        job = w.submit()
+        for round_ in range(MAX_UNTAKEN_LOSSES):
+            link = w.add(f"w{round_}", capacity=1)
+            link.write()
+            link.close()
+            await settle()
+        error = w.owner.error(job.client_id)
+        assert isinstance(error, WorkerLost)
+        assert f"sent to {MAX_UNTAKEN_LOSSES} workers that each died" in str(error)
+
+
+async def test_a_busy_worker_hands_a_task_back_without_an_attempt() -> None:
+    """UNAVAILABLE (draining, stuck) puts a task back at the queue's front
+    without counting an attempt."""
+    async with world() as w:
+        a = w.add("a", capacity=1)
+        job = w.submit()
+        a.write()
+        a.take(job)
+        w.router.on_event(DiscoveryEvent("worker-updated", _status(a.info, "draining")))
+        a.refuse(job)
+        assert job.link is None and job.attempts == 0 and w.router.queued == 1
+        b = w.add("b")
+        assert job.link is b
+
+
+async def test_cancel_reaches_the_queue_the_link_or_the_worker() -> None:
+    """A queued task is cancelled at once; one sent but not yet written is
+    withdrawn; one the worker has gets a cancel sent to it."""
+    async with world() as w:
+        a = w.add("a", capacity=2)
+        written, unwritten = w.submit(), w.submit()
+        a.write()
+        a.unwritten.append(unwritten)
+        a.written.remove(unwritten)
+        queued = w.submit()
+        for job in (queued, unwritten, written):
+            w.router.cancel(job)
+        for job in (queued, unwritten):
+            status = tasks.status_of(w.owner.results[job.client_id].failure)
+            assert status == grpc.StatusCode.CANCELLED
+        assert a.cancels == [written.task.id]
+        assert written.client_id not in w.owner.results
+        assert w.router.queued == 0 and unwritten.task.id not in a.in_flight
+
+
+async def test_stopping_fails_what_waits_and_delivers_what_runs() -> None:
+    """When the pool drains, queued tasks and new ones fail at once with
+    PoolStopping; a task a worker has still delivers its result."""
+    async with world() as w:
+        a = w.add("a", capacity=1)
+        running, queued = w.submit(), w.submit()
+        a.write()
+        a.take(running)
+        w.router.stop_taking()
+        assert isinstance(w.owner.error(queued.client_id), PoolStopping)
+        late = w.submit()
+        assert "never sent to a worker" in str(w.owner.error(late.client_id))
+        a.answer(running, 42)
+        assert w.owner.value(running.client_id) == 42
+        await w.router.finish(linger_s=1.0)
+
+
+async def test_finish_fails_what_no_worker_answered_in_time() -> None:
+    """At the dispatcher's stop, a task whose worker never answers fails
+    with PoolStopping once the linger is over."""
+    async with world() as w:
+        a = w.add("a", capacity=1)
+        stuck = w.submit()
+        a.write()
+        a.take(stuck)
+        await w.router.finish(linger_s=0.01)
+        assert "stopped before its worker answered" in str(
+            w.owner.error(stuck.client_id)
+        )
+
+
+async def test_the_queue_bound_clears_room_until_tasks_leave() -> None:
+    """With max_queued tasks waiting, `room` is clear (client streams stop
+    reading); it is set again as soon as one leaves the queue."""
+    async with world(max_queued=3) as w:
+        jobs = [w.submit() for _ in range(3)]
+        assert not w.router.room.is_set()
+        w.router.cancel(jobs[0])
+        assert w.router.room.is_set()
+        w.add("a", capacity=5)
+        assert w.router.queued == 0 and w.router.room.is_set()
+
+
+async def test_a_task_with_no_matching_worker_expires() -> None:
+    """A task no ready worker could take for no_worker_timeout_s fails with
+    NoWorkerAvailable naming its tags."""
+    async with world(no_worker_timeout_s=0.0) as w:
+        job = w.submit(("gpu",))
+        w.router.expire()  # first look: it starts waiting
+        w.router.expire()
+        error = w.owner.error(job.client_id)
+        assert isinstance(error, NoWorkerAvailable) and error.tags == ("gpu",)
+
+
+async def test_a_broken_link_to_a_live_worker_reconnects() -> None:
+    """A stream that breaks while its worker is alive and registered is
+    opened again, and the tasks it had go out again on the new one."""
+    async with world(alive=lambda namespace, uid: True) as w:
+        first = w.add("a", capacity=1)
+        job = w.submit()
+        first.close()
+        await settle()
+        assert w.router.queued == 1
+        await asyncio.wait_for(_until(lambda: w.link("a") is not first), 5)
+        assert job.link is w.link("a")
+
+
+async def test_a_link_that_fails_unexpectedly_ends_the_router() -> None:
+    """A link task that raises (a bug) is not swallowed: the router's task
+    group ends, and the error reaches whoever runs the router (the
+    dispatcher, which then exits and is restarted)."""
+
+    class Broken(FakeLink):
+        async def run(self) -> None:
+            raise RuntimeError("link bug")
+
+    def connect(info: WorkerInfo, router: Router) -> FakeLink:
+        return Broken(info, router)
+
+    with pytest.raises(BaseExceptionGroup) as raised:
+        async with Router("ns", connect, is_alive=lambda ns, uid: False) as router:
+            info = WorkerInfo(uuid.uuid4(), "unix:/x", 1, "1")
+            router.on_event(DiscoveryEvent("worker-added", info))
+            await asyncio.sleep(3600)  # cancelled by the failure
+    assert raised.group_contains(RuntimeError, match="link bug")
+
+
+def _status(info: WorkerInfo, status: str) -> WorkerInfo:
+    return dataclasses.replace(info, status=status)  # type: ignore[arg-type]
+
+
+async def _until(predicate: Callable[[], bool]) -> None:
+    while not predicate():
+        await asyncio.sleep(0.01)  # polled within the caller's deadline

@@ -1,0 +1,91 @@
+"""How a task is named, encoded and answered (workers.tasks), in-process."""
+
+from __future__ import annotations
+
+import functools
+import pickle
+
+import grpc
+import pytest
+
+from pool import TaskTimeout
+from tests import sample_tasks
+from workers import tasks
+
+pytestmark = pytest.mark.timeout(10)
+
+
+def test_importable_callables_travel_by_name_and_resolve_to_themselves() -> None:
+    """A module function, a class method and a static method are named
+    module:qualname and a worker's resolve finds the same callable."""
+    for fn in (
+        sample_tasks.square,
+        sample_tasks.Scaler.unit,
+        sample_tasks.Scaler.twice,
+    ):
+        name = tasks.function_name(fn)
+        assert name.startswith("tests.sample_tasks:")
+        assert tasks.resolve(name)(21) == fn(21)
+
+
+@pytest.mark.parametrize(
+    ("fn", "message"),
+    [
+        (sample_tasks.Scaler(42).scale, "is a method bound to an instance"),
+        (lambda x: x, "cannot be imported by a worker"),
+        (functools.partial(sample_tasks.square, 2), "cannot be imported by a worker"),
+        (sample_tasks.Scaler(1), "cannot be imported by a worker"),
+    ],
+    ids=["bound method", "lambda", "partial", "callable object"],
+)
+def test_callables_a_worker_cannot_import_by_name_are_refused(
+    fn: object, message: str
+) -> None:
+    """Refused with BadTask, rather than sent under a name that means
+    something else.
+
+    Regression: a bound method was sent as "module:Class.method", and the
+    worker called the plain function with the first argument as self."""
+    with pytest.raises(tasks.BadTask, match=message):
+        tasks.function_name(fn)  # type: ignore[arg-type]
+
+
+def test_calls_round_trip_and_bad_ones_are_refused() -> None:
+    """Arguments survive the wire; too large, undecodable or misshapen ones
+    are a BadTask of the right kind."""
+    data = tasks.dump_call((1, "a"), {"k": [2]})
+    assert tasks.load_call(data) == ((1, "a"), {"k": [2]})
+    with pytest.raises(tasks.ArgumentsTooLarge, match="over the worker's limit of 4"):
+        tasks.load_call(data, max_bytes=4)
+    with pytest.raises(tasks.BadTask, match="do not unpickle"):
+        tasks.load_call(b"\x80\x05junk")
+    with pytest.raises(tasks.BadTask, match=r"pickled \(tuple, dict\) pair"):
+        tasks.load_call(pickle.dumps([1, 2]))
+
+
+def test_an_exception_that_cannot_be_printed_still_makes_a_failure() -> None:
+    """failure_of never raises, whatever the exception's __str__ does, and
+    the exception itself still travels.
+
+    Regression: the failure text called str() unguarded, so such a task was
+    never answered and its worker thread died."""
+    try:
+        sample_tasks.raise_bad_str()
+    except sample_tasks.BadStr as exc:
+        failure = tasks.failure_of(exc)
+    assert failure.message == "<BadStr: str() failed>"
+    assert failure.type == "tests.sample_tasks.BadStr"
+    assert tasks.status_of(failure) == grpc.StatusCode.UNKNOWN
+    rebuilt = tasks.exception_of(failure)
+    assert isinstance(rebuilt, sample_tasks.BadStr) and rebuilt.args == ("hidden",)
+    assert "raise_bad_str" in str(rebuilt.__cause__)
+
+
+def test_a_timeout_is_a_typed_deadline() -> None:
+    """A task over its limit fails with TaskTimeout (a TimeoutError) whose
+    status is DEADLINE_EXCEEDED, and it rebuilds as itself in the caller."""
+    failure = tasks.failure_of(TaskTimeout(0.5), remote=False)
+    assert tasks.status_of(failure) == grpc.StatusCode.DEADLINE_EXCEEDED
+    rebuilt = tasks.exception_of(failure)
+    assert isinstance(rebuilt, TaskTimeout) and isinstance(rebuilt, TimeoutError)
+    assert str(rebuilt) == "the task ran over its 0.5 s"
