@@ -19,10 +19,11 @@ stays ``"stuck"`` for ``stuck_grace_s`` is stopped and so replaced. When
 ``stop`` is set it drains: it tells the dispatcher (which fails the tasks
 no worker has yet), SIGTERMs every worker and gives them ``grace_s`` to
 finish (cut short when ``kill_now`` is set), SIGKILLs the rest, then stops
-the dispatcher, which first delivers every result it has; the registry's
-owner removes every file and segment. All its background work runs in one
-task group, so any unexpected error ends ``pool up`` (after the drain)
-with that error.
+the dispatcher, which first delivers every result it has and fails the
+rest (it is given two seconds for that even after a second Ctrl-C); the
+registry's owner removes every file and segment. All its background work
+runs in one task group, so any unexpected error ends ``pool up`` (after
+the drain) with that error.
 """
 
 from __future__ import annotations
@@ -47,7 +48,7 @@ from pool.children import (
     spawn,
     terminate,
 )
-from pool.client import ADDRESS_FILE
+from pool.connection import ADDRESS_FILE
 from pool.errors import PoolAlreadyRunning
 from pool.routing import MAX_QUEUED
 from pool.view import View
@@ -58,6 +59,9 @@ from workers.tasks import MAX_ARGS_BYTES
 START_TIMEOUT_S: Final = 30.0
 BACKOFF_S: Final = (0.1, 10.0)  # first delay, cap
 DISPATCHER_STOP_S: Final = 15.0  # it waits for its last results, then ends
+# After a second Ctrl-C the workers are killed at once, but the dispatcher
+# still gets this long to tell each client how its tasks ended.
+HURRIED_DISPATCHER_STOP_S: Final = 2.0
 
 
 @dataclass(eq=False)
@@ -350,8 +354,13 @@ class Supervisor:
         self._tell_dispatcher(drain=True)
         workers = [c.process for c in self._workers if c.process is not None]
         await terminate(workers, self.options.grace_s + 5, kill_now)
-        if self._dispatcher is not None and self._dispatcher.process is not None:
-            await terminate([self._dispatcher.process], DISPATCHER_STOP_S, kill_now)
+        if self._dispatcher is None or self._dispatcher.process is None:
+            return
+        if kill_now.is_set():
+            grace_s, hurry = HURRIED_DISPATCHER_STOP_S, asyncio.Event()
+        else:
+            grace_s, hurry = DISPATCHER_STOP_S, kill_now
+        await terminate([self._dispatcher.process], grace_s, hurry)
 
 
 def restart_delay(failures: int) -> float:
