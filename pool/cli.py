@@ -22,7 +22,8 @@ import grpc
 import uvloop
 
 from discovery import DiscoveryError, Subscriber, list_workers, owner_pid, paths
-from pool.client import Client, locate
+from pool.client import Client
+from pool.connection import locate
 from pool.dispatcher_pb2 import ListWorkersRequest
 from pool.dispatcher_pb2_grpc import DispatcherStub
 from pool.errors import PoolError, PoolNotRunning

@@ -24,6 +24,7 @@ import asyncio
 import concurrent.futures
 import contextlib
 import itertools
+import logging
 import pickle
 import threading
 import time
@@ -35,14 +36,17 @@ from typing import Any, Final, Self
 import uvloop
 
 from discovery import paths
-from pool.connection import ADDRESS_FILE, Connection, locate
+from pool.connection import Connection
 from pool.dispatcher_pb2 import Submission
+from pool.errors import PoolError
 from workers import tasks
 from workers.worker_pb2 import Result, Task
 
-__all__ = ["ADDRESS_FILE", "AsyncClient", "Client", "locate", "outcome"]
+__all__ = ["AsyncClient", "Client", "outcome"]
 
 CONNECT_TIMEOUT_S: Final = 30.0
+
+log = logging.getLogger("pool.client")
 
 # Like concurrent.futures.thread: once the interpreter starts to exit, every
 # client's pending futures are waited for and no new one is accepted.
@@ -148,6 +152,7 @@ class _LoopThread:
         self._inbox: list[tuple[Submission, FutureHandler]] = []
         self._flush_scheduled = False
         self.outstanding: set[concurrent.futures.Future[Any]] = set()
+        self._crashed: PoolError | None = None
         self._loop = uvloop.new_event_loop()
         self._connection: Connection | None = None
         started: concurrent.futures.Future[None] = concurrent.futures.Future()
@@ -165,6 +170,14 @@ class _LoopThread:
     def _run(self, namespace: str, started: concurrent.futures.Future[None]) -> None:
         try:
             self._loop.run_until_complete(self._main(namespace, started))
+        except BaseException as exc:  # a bug of ours: fail what waits, loudly
+            log.exception("the client's connection to %r failed", namespace)
+            crashed = PoolError(f"the client's connection failed: {exc!r}")
+            with self._lock:
+                self._crashed = crashed
+                futures = list(self.outstanding)
+            for future in futures:
+                _settle(future.set_exception, crashed)
         finally:
             self._loop.close()
 
@@ -177,14 +190,16 @@ class _LoopThread:
             started.set_exception(exc)
             return
         started.set_result(None)
-        async with asyncio.TaskGroup() as group:
-            group.create_task(self._connection.run())
+        await self._connection.run()
 
     def submit(
         self, submission: Submission, future: concurrent.futures.Future[Any]
     ) -> None:
         handler = FutureHandler(future)
         with self._lock:
+            if self._crashed is not None:
+                future.set_exception(self._crashed)
+                return
             self.outstanding.add(future)
             self._inbox.append((submission, handler))
             if not self._flush_scheduled:

@@ -11,7 +11,7 @@ from typing import Any
 import grpc
 
 from discovery import list_workers
-from pool.client import locate
+from pool.connection import locate
 from pool.dispatcher_pb2_grpc import DispatcherStub
 from workers import auth, tasks
 from workers.lifecycle import GRPC_OPTIONS

@@ -19,7 +19,7 @@ import pytest
 
 from discovery import Publisher, list_workers, paths
 from pool import Client
-from pool.client import locate
+from pool.connection import locate
 from pool.dispatcher_pb2 import ListWorkersRequest
 from pool.dispatcher_pb2_grpc import DispatcherStub
 from tests import sample_tasks

@@ -15,7 +15,7 @@ from pool import (
     ProtocolMismatch,
     RemoteTraceback,
 )
-from pool.client import locate
+from pool.connection import locate
 from pool.dispatcher_pb2 import ListWorkersRequest, SubmissionBatch
 from pool.dispatcher_pb2_grpc import DispatcherStub
 from tests import sample_tasks
