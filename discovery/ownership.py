@@ -101,23 +101,32 @@ def _read_if_held(path: Path) -> tuple[int, str] | None:
 def reclaim(namespace: str) -> bool:
     """Remove what a dead owner left of ``namespace``: its segment and files.
 
-    :returns: True if there was an ownerless namespace to remove.
+    :returns: True if a segment was removed.
     :raises NamespaceInUse: if a live process owns it.
     """
     lock = RegistryLock(namespace)
     try:
         with lock.hold():
-            ownership = Ownership.claim(namespace)
-            if ownership is None:
-                raise NamespaceInUse(namespace, owner_pid(namespace) or 0)
-            try:
-                existed = (paths.SHM_DIR / paths.segment_name(namespace)).exists()
-                Registry.unlink_name(namespace)
-                paths.remove_namespace_dir(namespace)
-            finally:
-                ownership.release()
+            removed = _remove_unowned(namespace)
     finally:
         lock.close()
+    if removed is None:
+        raise NamespaceInUse(namespace, owner_pid(namespace) or 0)
+    return removed
+
+
+def _remove_unowned(namespace: str) -> bool | None:
+    """With the registry lock held, remove the namespace unless a live
+    process owns it (None then); whether it had a segment."""
+    ownership = Ownership.claim(namespace)
+    if ownership is None:
+        return None
+    try:
+        existed = (paths.SHM_DIR / paths.segment_name(namespace)).exists()
+        Registry.unlink_name(namespace)
+        paths.remove_namespace_dir(namespace)
+    finally:
+        ownership.release()
     return existed
 
 
@@ -171,16 +180,6 @@ def _remove_if_dead(namespace: str) -> bool:
     lock = RegistryLock(namespace)
     try:
         with lock.hold_if_free() as held:
-            if not held:
-                return False
-            ownership = Ownership.claim(namespace)
-            if ownership is None:
-                return False
-            try:
-                Registry.unlink_name(namespace)
-                paths.remove_namespace_dir(namespace)
-            finally:
-                ownership.release()
+            return held and _remove_unowned(namespace) is not None
     finally:
         lock.close()
-    return True

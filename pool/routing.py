@@ -41,7 +41,7 @@ from collections import deque
 from collections.abc import Callable, Coroutine, Iterable
 from dataclasses import dataclass, field
 from types import TracebackType
-from typing import Any, Final, Protocol, Self
+from typing import Any, Final, Protocol, Self, assert_never
 from uuid import UUID
 
 import grpc
@@ -172,8 +172,7 @@ class Router:
         self._expiring.cancel()
         for link in list(self._open):
             link.close()
-        group, self._group = self._group, None
-        await group.__aexit__(exc_type, exc, tb)
+        await self._group.__aexit__(exc_type, exc, tb)
 
     def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
         assert self._group is not None, "use the router inside `async with`"
@@ -194,6 +193,8 @@ class Router:
                     link.dropped = True  # takes nothing more; may still answer
                     loop = asyncio.get_running_loop()
                     loop.call_later(LEAVE_GRACE_S, link.close)
+            case _:
+                assert_never(event.type)
         self.pump()
 
     def _open_link(self, info: WorkerInfo) -> None:
@@ -239,7 +240,10 @@ class Router:
                 job.untaken_losses += 1
             job.taken = False
             if job.attempts >= self._max_attempts:
-                self._spawn(self._fail_lost(job))
+                if self._closed:  # no time to wait for how the last one died
+                    self._fail(job, self._lost_error(job))
+                else:
+                    self._spawn(self._fail_lost(job))
             elif job.untaken_losses >= MAX_UNTAKEN_LOSSES:
                 self._fail(job, WorkerLost(job.untaken_losses, ()))
             elif self.stopping:
@@ -259,12 +263,15 @@ class Router:
                 async with asyncio.timeout(EXIT_REPORT_WAIT_S):
                     await waiter.wait()
             self._exit_waiters.pop(last, None)
+        self._fail(job, self._lost_error(job))
+
+    def _lost_error(self, job: Job) -> WorkerLost:
         workers = tuple(
             f"worker pid {info.pid} ({str(info.uid)[:8]}): "
             f"{self._exits.get(info.pid, 'ended, how unknown')}"
             for info in job.lost_on
         )
-        self._fail(job, WorkerLost(job.attempts, workers))
+        return WorkerLost(job.attempts, workers)
 
     def record_exit(self, pid: int, status: str) -> None:
         """The supervisor's word on how worker ``pid`` ended."""

@@ -11,7 +11,7 @@ Every Failure names its condition with a gRPC status code (see
 :class:`BadTask` whose subclass and ``status`` say why.
 
 Unpickling is code execution: only authenticated peers' bytes reach
-:func:`load_call` (see :mod:`workers.auth`). Callers: :mod:`workers.server`
+:func:`load_call` (see :mod:`workers.auth`). Callers: :mod:`workers.service`
 (decodes calls, encodes outcomes) and :mod:`pool` (the reverse).
 """
 
