@@ -249,22 +249,21 @@ class _Reporter:
 
     async def run(self, publisher: Publisher) -> None:
         published = self._info
+        stuck_changed = self._service.stuck_changed
         while True:
             await self._changed.wait()
             self._changed.clear()
+            stuck_changed.clear()  # (what it changed is in what is published now)
             current = self.current()
-            if current == published:
-                continue
-            await publisher.publish("worker-updated", current)
-            urgent = (current.status, current.capacity)
-            published = current
-            # The rate limit for counters; a new status or capacity cuts it short.
+            if current != published:
+                await publisher.publish("worker-updated", current)
+                published = current
+            # The rate limit for counters; a change of status or capacity (a
+            # thread stuck, or free again) cuts it short. Counter changes do
+            # not wake this task meanwhile: they only set `changed`.
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(REPORT_INTERVAL_S):
-                    while (self.current().status, self.current().capacity) == urgent:
-                        await self._changed.wait()
-                        self._changed.clear()
-            self._changed.set()  # look again at once
+                    await stuck_changed.wait()
 
 
 def _counters(service: WorkerService) -> dict[str, str]:

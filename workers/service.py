@@ -127,6 +127,7 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
         self.draining = False
         self.running = 0  # tasks accepted and not answered
         self.stuck = 0  # slot threads still running a task already answered
+        self.stuck_changed = asyncio.Event()  # set whenever ``stuck`` changes
         self.done = 0
         self.failed = 0
 
@@ -284,6 +285,7 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
         if entry.stuck:  # its answer went long ago; the thread is free again
             entry.stuck = False
             self.stuck -= 1
+            self.stuck_changed.set()
             self._on_change()
         else:
             self._answer(entry, result)
@@ -337,6 +339,7 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
             self._idle.set()
         if entry.stuck:
             self.stuck += 1
+            self.stuck_changed.set()
             if self.free_threads == 0:
                 self._hand_back()
         self._on_change()
