@@ -137,6 +137,7 @@ class Router:
         self._ids = itertools.count(1)
         self.links: dict[UUID, Link] = {}  # registered workers
         self._open: set[Link] = set()  # every link whose stream still runs
+        self._refusing: set[Link] = set()  # answered UNAVAILABLE since its last news
         self.queue: deque[Job] = deque()
         self.queued = 0  # jobs in the queue not finished (cancelled ones linger)
         self.room = asyncio.Event()  # set while fewer than max_queued wait
@@ -188,6 +189,7 @@ class Router:
             case "worker-updated":
                 if (link := self.links.get(info.uid)) is not None:
                     link.info = info
+                    self._refusing.discard(link)  # its news says what it takes
             case "worker-dropped":
                 if (link := self.links.pop(info.uid, None)) is not None:
                     link.dropped = True  # takes nothing more; may still answer
@@ -208,6 +210,7 @@ class Router:
             await link.run()
         finally:
             self._open.discard(link)
+            self._refusing.discard(link)
             self._lost(link)
 
     def _lost(self, link: Link) -> None:
@@ -347,6 +350,9 @@ class Router:
         failed = result.HasField("failure")
         if failed and tasks.status_of(result.failure) == grpc.StatusCode.UNAVAILABLE:
             job.taken = False  # the worker could not run it: not an attempt
+            # Send it nothing more until its published state changes (it is
+            # draining or stuck): else the task would bounce back and forth.
+            self._refusing.add(link)
             if self.stopping:
                 self._fail(job, PoolStopping(self.namespace))
             else:
@@ -361,7 +367,11 @@ class Router:
         """Place every queued task that a ready worker can take now."""
         if not self.queue:
             return
-        ready = [link for link in self.links.values() if link.ready]
+        ready = [
+            link
+            for link in self.links.values()
+            if link.ready and link not in self._refusing
+        ]
         free = sum(max(link.free, 0) for link in ready)
         waiting: deque[Job] = deque()
         while self.queue and free > 0:

@@ -257,6 +257,22 @@ async def test_a_busy_worker_hands_a_task_back_without_an_attempt() -> None:
         assert job.link is b
 
 
+async def test_a_worker_that_refused_gets_nothing_until_its_news_changes() -> None:
+    """After an UNAVAILABLE (every thread stuck), the router sends that
+    worker nothing more until discovery brings its new state, instead of
+    bouncing the task back at once."""
+    async with world() as w:
+        a = w.add("a", capacity=2)
+        job = w.submit()
+        a.write()
+        a.refuse(job)
+        assert job.link is None and w.router.queued == 1
+        w.router.pump()
+        assert job.link is None
+        w.router.on_event(DiscoveryEvent("worker-updated", _status(a.info, "ready")))
+        assert job.link is a
+
+
 async def test_cancel_reaches_the_queue_the_link_or_the_worker() -> None:
     """A queued task is cancelled at once; one sent but not yet written is
     withdrawn; one the worker has gets a cancel sent to it."""
