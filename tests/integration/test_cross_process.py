@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import uuid
-from collections.abc import Callable
 
 import pytest
 
@@ -45,8 +44,15 @@ def test_events_cross_processes_in_order(namespace: str, first: str) -> None:
 
 def test_burst_keeps_each_workers_life_in_order(namespace: str) -> None:
     """A burst of changes (no lockstep) may coalesce, but each worker's events
-    stay in lifecycle order and end in its latest state."""
+    stay in lifecycle order and end in its latest state: its last version,
+    or dropped (a worker added and dropped between two looks may not be
+    reported at all). A marker worker added after the burst tells when the
+    subscriber has caught up: a look that sees it sees all that came before.
+
+    (This test used to wait for a drop of every dropped worker, and under
+    load it timed out when a worker's whole life fell between two looks.)"""
     uids = [str(uuid.uuid4()) for _ in range(20)]
+    marker = str(uuid.uuid4())
     with (
         LocalDiscovery(namespace),
         agent("subscribe", namespace) as sub,
@@ -60,13 +66,15 @@ def test_burst_keeps_each_workers_life_in_order(namespace: str) -> None:
                 pub.send(op=op, uid=uid, version=str(version))
         for uid in uids[:10]:
             pub.send(op="worker-dropped", uid=uid)
-        for _ in range(5 * len(uids) + 10):
+        pub.send(op="worker-added", uid=marker)
+        for _ in range(5 * len(uids) + 11):
             pub.expect("ok")
         lives: dict[str, list[dict[str, object]]] = {}
-        ended = _waiter(lives, set(uids[:10]), set(uids[10:]))
-        while not ended():
-            event = sub.expect("event")
-            lives.setdefault(event["uid"], []).append(event)
+        while (event := sub.expect("event"))["uid"] != marker:
+            lives.setdefault(str(event["uid"]), []).append(event)
+        assert event["type"] == "worker-added"
+        for uid in uids[10:]:
+            assert lives[uid][-1]["version"] == "4", lives[uid]
         for uid, life in lives.items():
             types = [e["type"] for e in life]
             assert types[0] == "worker-added", types
@@ -77,17 +85,6 @@ def test_burst_keeps_each_workers_life_in_order(namespace: str) -> None:
                 assert types[-1] == "worker-dropped"
         assert pub.stop() == 0
         sub.kill()
-
-
-def _waiter(
-    lives: dict[str, list[dict[str, object]]], dropped: set[str], kept: set[str]
-) -> Callable[[], bool]:
-    def ended() -> bool:
-        return all(
-            lives.get(u) and lives[u][-1]["type"] == "worker-dropped" for u in dropped
-        ) and all(lives.get(u) and lives[u][-1]["version"] == "4" for u in kept)
-
-    return ended
 
 
 def test_clean_exit_leaves_nothing(namespace: str) -> None:

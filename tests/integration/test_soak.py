@@ -39,11 +39,15 @@ def _fds(pid: int) -> list[str]:
     return sorted(found)
 
 
-def _clean_pool(namespace: str) -> None:
-    """Start a pool (reclaiming whatever a dead one left) and drain it."""
+def _clean_pool(namespace: str, subscriber: Agent | None = None) -> None:
+    """Start a pool (reclaiming whatever a dead one left) and drain it, once
+    ``subscriber`` (if given) has seen its worker: a worker whose whole life
+    falls between two of a subscriber's looks is not reported at all."""
     pool = RunningPool(namespace, "--workers", "1")
     try:
         pool.wait_for("ready ")
+        if subscriber is not None:
+            _until_added(subscriber, {str(w.uid) for w in list_workers(namespace)})
         assert pool.stop(signal.SIGINT) == 0
     finally:
         pool.close()
@@ -121,7 +125,7 @@ def test_soak_start_kill_restart_leaves_nothing(namespace: str) -> None:
     print(f"soak: {CYCLES} cycles, SHMP_SOAK_SEED={SEED}")
     with agent("subscribe", namespace, "0.2") as subscriber:
         subscriber.expect("ready")
-        _clean_pool(namespace)  # the subscriber has followed a pool's whole life
+        _clean_pool(namespace, subscriber)  # followed a pool's whole life
         _until_dropped(subscriber)
         fds_before = _fds(subscriber.pid)
         victims = [_cycle(namespace, subscriber, rng) for _ in range(CYCLES)]
