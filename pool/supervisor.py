@@ -33,13 +33,13 @@ import contextlib
 import json
 import os
 import sys
-import time
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import Any, Final
 
 from discovery import LocalDiscovery, NamespaceInUse, Subscriber, paths, sweep_dead
 from pool.children import (
+    START_TIMEOUT_S,
     ChildFailed,
     Spawned,
     describe_exit,
@@ -56,7 +56,6 @@ from workers import auth
 from workers.offload import in_daemon_thread
 from workers.tasks import MAX_ARGS_BYTES
 
-START_TIMEOUT_S: Final = 30.0
 BACKOFF_S: Final = (0.1, 10.0)  # first delay, cap
 DISPATCHER_STOP_S: Final = 15.0  # it waits for its last results, then ends
 # After a second Ctrl-C the workers are killed at once, but the dispatcher
@@ -72,7 +71,6 @@ class Child:
     argv: list[str]
     process: Spawned | None = None
     ready: dict[str, Any] = field(default_factory=dict)
-    started_at: float = 0.0
     failures: int = 0
 
     @property
@@ -251,7 +249,7 @@ class Supervisor:
             os.close(ready_write)
             if control_read >= 0:
                 os.close(control_read)
-        child.process, child.started_at = process, time.monotonic()
+        child.process = process
         try:
             child.ready = await read_ready(ready_read, process, child.name)
         except BaseException:

@@ -37,10 +37,6 @@ class Outbox:
         self._closed = True
         self._ready.set()
 
-    @property
-    def closed(self) -> bool:
-        return self._closed
-
     async def batches(self) -> AsyncIterator[ResultBatch]:
         """Everything put since the last batch, as soon as there is some.
 
