@@ -1,6 +1,8 @@
 """Starting the supervisor's children, hearing them say READY, and ending them.
 
-:func:`spawn` starts a child with :class:`subprocess.Popen`, which on Linux
+Children are usually forked by the zygote (:mod:`pool.zygote`); :func:`spawn`
+is the slow way, used while the zygote is down: a fresh interpreter,
+started with :class:`subprocess.Popen`, which on Linux
 execs through ``vfork``: no ``pthread_atfork`` handler runs in between.
 The event loop's own spawn (libuv's ``fork``) runs them, and gRPC registers
 handlers whenever it was imported before ``GRPC_ENABLE_FORK_SUPPORT=0`` was
@@ -18,7 +20,7 @@ import os
 import signal
 import subprocess
 from collections.abc import Sequence
-from typing import Any, Final
+from typing import Any, Final, Protocol
 
 from pool.errors import PoolError
 from workers.lifecycle import READY_PREFIX
@@ -28,6 +30,22 @@ START_TIMEOUT_S: Final = 30.0
 
 class ChildFailed(PoolError):
     """A child process exited or hung before it was ready."""
+
+
+class Process(Protocol):
+    """A child process: started the slow way (:class:`Spawned`) or forked by
+    the zygote (:class:`pool.zygote.Forked`)."""
+
+    pid: int
+
+    @property
+    def returncode(self) -> int | None: ...
+
+    async def wait(self) -> int: ...
+
+    def send_signal(self, signum: int) -> None: ...
+
+    def kill(self) -> None: ...
 
 
 class Spawned:
@@ -77,7 +95,7 @@ def spawn(argv: Sequence[str], *, pass_fds: Sequence[int] = ()) -> Spawned:
     return Spawned(popen)
 
 
-async def read_ready(fd: int, process: Spawned, name: str) -> dict[str, Any]:
+async def read_ready(fd: int, process: Process, name: str) -> dict[str, Any]:
     """The READY line a child writes to ``fd`` (which this closes).
 
     :raises ChildFailed: if it exits first, or says nothing in time.
@@ -103,7 +121,7 @@ async def read_ready(fd: int, process: Spawned, name: str) -> dict[str, Any]:
 
 
 async def terminate(
-    processes: Sequence[Spawned], grace_s: float, kill_now: asyncio.Event
+    processes: Sequence[Process], grace_s: float, kill_now: asyncio.Event
 ) -> None:
     """SIGTERM, wait up to ``grace_s`` (or until ``kill_now``), SIGKILL, reap."""
     alive = [p for p in processes if p.returncode is None]
@@ -120,7 +138,7 @@ async def terminate(
             process.kill()
 
 
-async def _wait_all(processes: Sequence[Spawned]) -> None:
+async def _wait_all(processes: Sequence[Process]) -> None:
     for process in processes:
         await process.wait()
 

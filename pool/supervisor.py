@@ -3,10 +3,15 @@
 :meth:`Supervisor.run` claims the namespace (``LocalDiscovery(exclusive=
 True)``: a lock held for the pool's life; what a dead pool left is
 replaced), sweeps what other dead pools of this user left, creates the
-token, starts the dispatcher and the workers as fresh interpreters in their
-own sessions (so a terminal's Ctrl-C reaches only the supervisor), writes
-the dispatcher's address for clients, and shows every event through a
+token, starts the dispatcher and the workers in their own sessions (so a
+terminal's Ctrl-C reaches only the supervisor), writes the dispatcher's
+address for clients, and shows every event through a
 :class:`~pool.view.View`.
+
+Children are forked from a :class:`~pool.zygote.Zygote` that the
+supervisor starts first thing (its imports overlap the claim of the
+namespace). While it is down, they start the slow way, as fresh
+interpreters (``python -m workers.process``), and it is restarted.
 
 Every child gets a pidfd of the supervisor (``--parent-fd``) and exits when
 it becomes readable, that is when the supervisor dies, however it dies. The
@@ -41,7 +46,7 @@ from discovery import LocalDiscovery, NamespaceInUse, Subscriber, paths, sweep_d
 from pool.children import (
     START_TIMEOUT_S,
     ChildFailed,
-    Spawned,
+    Process,
     describe_exit,
     exit_fields,
     read_ready,
@@ -52,6 +57,7 @@ from pool.connection import ADDRESS_FILE
 from pool.errors import PoolAlreadyRunning
 from pool.routing import MAX_QUEUED
 from pool.view import View
+from pool.zygote import Zygote, ZygoteUnavailable
 from workers import auth
 from workers.offload import in_daemon_thread
 from workers.tasks import MAX_ARGS_BYTES
@@ -68,8 +74,9 @@ class Child:
     """A process the supervisor started, and what it said when ready."""
 
     name: str
+    module: str  # run as `python -m module`, or its `main` forked by the zygote
     argv: list[str]
-    process: Spawned | None = None
+    process: Process | None = None
     ready: dict[str, Any] = field(default_factory=dict)
     failures: int = 0
 
@@ -132,6 +139,7 @@ class Supervisor:
         self._control_fd = -1  # the write end of the dispatcher's control pipe
         self._status: dict[str, str] = {}  # uid -> status, of registered workers
         self._registry_changed = asyncio.Event()
+        self._zygote: Zygote | None = None
 
     async def run(self, stop: asyncio.Event, kill_now: asyncio.Event) -> None:
         """Run the pool until ``stop``; drain; leave nothing behind.
@@ -142,29 +150,49 @@ class Supervisor:
         ns, opts = self.options.namespace, self.options
         capacity = max(opts.capacity, 2 * opts.workers)
         registry = LocalDiscovery(ns, capacity=capacity, exclusive=True)
+        # The zygote's imports take the longest: they run meanwhile.
+        zygote = Zygote(lambda what, pid: self.view.note(f"zygote-{what}", pid=pid))
+        warming = asyncio.create_task(self._warm(zygote))
         try:
-            await in_daemon_thread(registry.__enter__)  # may wait for the lock
-        except NamespaceInUse as exc:
-            raise PoolAlreadyRunning(ns, exc.pid) from None
-        try:
-            await in_daemon_thread(sweep_dead)  # other pools' leftovers
-            auth.create_token(ns)
-            self._parent_fd = os.pidfd_open(os.getpid())
             try:
-                await self._supervise(stop, kill_now)
-            except BaseExceptionGroup as group:
-                raise _first_error(group) from None
+                await in_daemon_thread(registry.__enter__)  # may wait for the lock
+            except NamespaceInUse as exc:
+                raise PoolAlreadyRunning(ns, exc.pid) from None
+            try:
+                await in_daemon_thread(sweep_dead)  # other pools' leftovers
+                auth.create_token(ns)
+                self._parent_fd = os.pidfd_open(os.getpid())
+                await warming
+                try:
+                    await self._supervise(stop, kill_now)
+                except BaseExceptionGroup as group:
+                    raise _first_error(group) from None
+            finally:
+                for fd in (self._parent_fd, self._control_fd):
+                    if fd >= 0:
+                        os.close(fd)
+                await in_daemon_thread(registry.close)  # (works at exit, too)
         finally:
-            for fd in (self._parent_fd, self._control_fd):
-                if fd >= 0:
-                    os.close(fd)
-            await in_daemon_thread(registry.close)  # (works at exit, too)
+            warming.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await warming
+            await in_daemon_thread(zygote.close)
         self.view.note("stopped", namespace=ns)
+
+    async def _warm(self, zygote: Zygote) -> None:
+        """Start the zygote; without it, children start the slow way."""
+        try:
+            await zygote.start()
+        except ZygoteUnavailable as exc:
+            self.view.note("zygote-failed", error=str(exc))
+        self._zygote = zygote
 
     async def _supervise(self, stop: asyncio.Event, kill_now: asyncio.Event) -> None:
         async with asyncio.TaskGroup() as group:
             self._group = group
             self._spawn(self._follow())
+            if self._zygote is not None:
+                self._spawn(self._zygote.watch())
             try:
                 await self._start_all()
                 await self._until_registered()
@@ -199,22 +227,28 @@ class Supervisor:
         host = ["--host", opts.host] if opts.host else []
         dispatcher = Child(
             "dispatcher",
+            "pool.dispatcher",
             [
-                *("-m", "pool.dispatcher", *common, *host),
+                *common,
+                *host,
                 *("--no-worker-timeout-s", str(opts.no_worker_timeout_s)),
                 *("--max-queued", str(opts.max_queued)),
             ],
         )
         self._dispatcher = dispatcher
         worker_argv = [
-            *("-m", "workers", *common, *host),
+            *common,
+            *host,
             *("--concurrency", str(opts.concurrency)),
             *("--grace-s", str(opts.grace_s)),
             *("--max-args-bytes", str(opts.max_args_bytes)),
         ]
         if opts.tags:
             worker_argv += ["--tags", ",".join(opts.tags)]
-        self._workers = [Child(f"worker-{i}", worker_argv) for i in range(opts.workers)]
+        self._workers = [
+            Child(f"worker-{i}", "workers.process", worker_argv)
+            for i in range(opts.workers)
+        ]
         # All at once: workers need only the registry and the token, and the
         # dispatcher finds them in the registry whenever it comes up. A worker
         # that fails to start is retried like any dead worker; a dispatcher
@@ -235,16 +269,14 @@ class Supervisor:
         """Start a child, wait for its READY line, and watch it from then on."""
         child.ready = {}
         ready_read, ready_write = os.pipe()
-        passed = [ready_write, self._parent_fd]
-        argv = [sys.executable, *child.argv, "--ready-fd", str(ready_write)]
+        fds = {"--ready-fd": ready_write, "--parent-fd": self._parent_fd}
         control_read = -1
         if child is self._dispatcher:
             control_read, control_write = os.pipe()
             self._replace_control(control_write)
-            passed.append(control_read)
-            argv += ["--control-fd", str(control_read)]
+            fds["--control-fd"] = control_read
         try:
-            process = spawn(argv, pass_fds=passed)
+            process = await self._fork_or_spawn(child, fds)
         finally:
             os.close(ready_write)
             if control_read >= 0:
@@ -262,6 +294,17 @@ class Supervisor:
             _write_private(self.options.namespace, ADDRESS_FILE, self.address)
         self.view.note(f"{child.kind}-started", pid=process.pid)
         self._spawn(self._watch(child))
+
+    async def _fork_or_spawn(self, child: Child, fds: dict[str, int]) -> Process:
+        """Fork the child from the zygote; while it is down, start a fresh
+        interpreter instead (slower, and otherwise the same)."""
+        if self._zygote is not None and self._zygote.ready:
+            with contextlib.suppress(ZygoteUnavailable):
+                return await self._zygote.spawn(f"{child.module}:main", child.argv, fds)
+        argv = [sys.executable, "-m", child.module, *child.argv]
+        for option, fd in fds.items():
+            argv += [option, str(fd)]
+        return spawn(argv, pass_fds=list(fds.values()))
 
     def _replace_control(self, write_fd: int) -> None:
         if self._control_fd >= 0:

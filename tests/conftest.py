@@ -10,6 +10,7 @@ import signal
 import tempfile
 import uuid
 from collections.abc import Callable, Iterator
+from multiprocessing import resource_tracker
 from pathlib import Path
 
 import pytest
@@ -62,7 +63,10 @@ def no_stray_children() -> Iterator[None]:
     such as a module's pool, are not the test's)."""
     before = set(children_of(os.getpid()))
     yield
-    strays = [pid for pid in children_of(os.getpid()) if pid not in before]
+    # multiprocessing's resource tracker, which a pool's zygote starts, is
+    # this process's for its life, as with any forkserver or spawn context.
+    tracker = resource_tracker._resource_tracker._pid  # type: ignore[attr-defined]
+    strays = [pid for pid in children_of(os.getpid()) if pid not in before | {tracker}]
     for pid in strays:
         os.kill(pid, signal.SIGKILL)
         os.waitpid(pid, 0)

@@ -9,5 +9,6 @@ import os
 
 # gRPC's fork handlers crash children forked while its threads run (seen
 # here as a SIGSEGV in a worker started from a process with a live client);
-# every child is a fresh interpreter anyway. Must precede any grpc import.
+# pool processes are forked from the zygote, never from this one. Must
+# precede any grpc import.
 os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "0")

@@ -273,3 +273,7 @@ def _counters(service: WorkerService) -> dict[str, str]:
         "done": str(service.done),
         "failed": str(service.failed),
     }
+
+
+if __name__ == "__main__":
+    sys.exit(main())

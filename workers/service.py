@@ -161,12 +161,15 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
         try:
             async with asyncio.TaskGroup() as group:
                 stream.group = group
-                group.create_task(self._read(request_iterator, stream))
+                reading = group.create_task(self._read(request_iterator, stream))
                 async for batch in stream.outbox.batches():
                     starting = stream.take_starting()  # exactly this batch's
                     await context.write(batch)
                     for entry in starting:
                         self._begin(entry)
+                # Ended here (drained): what the dispatcher sends from now on
+                # finds the stream closed, and it sends the task elsewhere.
+                reading.cancel()
         finally:
             self._streams.discard(stream)
             for entry in list(stream.entries.values()):  # nobody to answer now

@@ -1,0 +1,164 @@
+"""Pool processes are forked from the zygote, inherit nothing they should
+not, and still start (the slow way) while a dead zygote is restarted."""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import signal
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from discovery import list_workers
+from pool import Client
+from tests import sample_tasks
+from tests.helpers import wait_until
+from tests.pools import RunningPool, running_pool
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
+
+_SYS_KCMP, _KCMP_FILE = 312, 0  # x86-64
+_libc = ctypes.CDLL(None, use_errno=True)
+
+
+def same_open_file(pid_a: int, fd_a: int, pid_b: int, fd_b: int) -> bool:
+    """Whether two descriptors are one open file (kcmp(2)): what a fork
+    shares, where opening the same path twice does not."""
+    return bool(_libc.syscall(_SYS_KCMP, pid_a, pid_b, _KCMP_FILE, fd_a, fd_b) == 0)
+
+
+def fds_of(pid: int) -> list[int]:
+    return [int(name) for name in os.listdir(f"/proc/{pid}/fd")]
+
+
+def ppid_of(pid: int) -> int:
+    stat = Path(f"/proc/{pid}/stat").read_text()
+    return int(stat.rsplit(")", 1)[1].split()[1])
+
+
+def field(line: str, name: str) -> int:
+    return int(line.split(f"{name}=")[1].split()[0])
+
+
+def inherited(child: int, ancestors: list[int]) -> Iterator[tuple[int, str]]:
+    """The child's descriptors that are open files of an ancestor, other
+    than stdout, stderr and the pidfd of its supervisor (``--parent-fd``)."""
+    for fd in fds_of(child):
+        if fd in (1, 2):
+            continue
+        target = os.readlink(f"/proc/{child}/fd/{fd}")
+        shared = [
+            (pid, theirs)
+            for pid in ancestors
+            for theirs in fds_of(pid)
+            if same_open_file(child, fd, pid, theirs)
+        ]
+        if shared and target != "anon_inode:[pidfd]":
+            yield fd, target
+        if target == "anon_inode:[pidfd]" and not shared:
+            yield fd, "a pidfd that is not its supervisor's"
+
+
+def first_zygote(up: RunningPool) -> int:
+    return next(field(line, "pid") for line in up.lines.seen if "zygote-ready" in line)
+
+
+def workers_started(up: RunningPool) -> list[int]:
+    return [field(line, "pid") for line in up.lines.seen if "worker-started" in line]
+
+
+def test_forked_workers_inherit_nothing_through_64_replacements(
+    namespace: str,
+) -> None:
+    """16 workers are SIGKILLed 4 times while a map runs: each of the 64
+    replacements is forked by the zygote, registers, shares no open file with
+    the zygote or the supervisor but stdout, stderr and the supervisor's
+    pidfd, and no child ever exits but those killed; every result is right."""
+    with running_pool(namespace, "--workers", "16") as up:
+        zygote = next(
+            field(line, "pid") for line in up.lines.seen if "zygote-ready" in line
+        )
+        supervisor = up.proc.pid
+        with Client(namespace) as client:
+            busy = client.map(sample_tasks.work, range(3000), timeout=200)
+            killed: set[int] = set()
+            for _ in range(4):
+                current = {w.pid for w in list_workers(namespace)}
+                for pid in current:
+                    os.kill(pid, signal.SIGKILL)
+                killed |= current
+
+                def replaced(gone: set[int] = current) -> bool:
+                    now = {w.pid for w in list_workers(namespace)}
+                    return len(now) == 16 and not now & gone
+
+                wait_until(replaced, timeout_s=60)
+                for pid in {w.pid for w in list_workers(namespace)}:
+                    assert ppid_of(pid) == zygote, "not forked by the zygote"
+                    assert list(inherited(pid, [zygote, supervisor])) == []
+                    assert os.readlink(f"/proc/{pid}/fd/0") == "/dev/null"
+            assert list(busy) == [x * x for x in range(3000)]
+        up.stop()
+        while up.lines.next():  # the rest of its output
+            pass
+        exits = [line for line in up.lines.seen if line.startswith("worker-exited")]
+        assert len(killed) == 64 and len(workers_started(up)) == 80
+        crashed = [
+            line
+            for line in exits
+            if field(line, "pid") in killed and "signal=SIGKILL" not in line
+        ]
+        assert crashed == []
+        assert not [line for line in up.lines.seen if "start-failed" in line]
+
+
+def test_workers_start_the_slow_way_until_a_dead_zygote_is_back(
+    namespace: str,
+) -> None:
+    """SIGKILL the zygote: workers that die meanwhile are replaced by fresh
+    interpreters (children of the supervisor), a new zygote comes up, and
+    the workers after it are forked again. Tried until a replacement falls
+    in the window while the new zygote imports."""
+    with running_pool(namespace, "--workers", "4") as up:
+        supervisor = up.proc.pid
+        zygote = next(
+            field(line, "pid") for line in up.lines.seen if "zygote-ready" in line
+        )
+        slow = 0
+        for _ in range(5):
+            os.kill(zygote, signal.SIGKILL)
+            up.wait_for("zygote-exited")
+            victims = {w.pid for w in list_workers(namespace)}
+            for pid in victims:
+                os.kill(pid, signal.SIGKILL)
+            zygote = field(up.wait_for("zygote-ready"), "pid")
+
+            def replaced(gone: set[int] = victims) -> bool:
+                now = {w.pid for w in list_workers(namespace)}
+                return len(now) == 4 and not now & gone
+
+            wait_until(replaced, timeout_s=60)
+            parents = [ppid_of(w.pid) for w in list_workers(namespace)]
+            assert set(parents) <= {supervisor, zygote}
+            slow += parents.count(supervisor)
+            with Client(namespace) as client:
+                assert list(client.map(sample_tasks.square, range(20))) == [
+                    x * x for x in range(20)
+                ]
+            if slow:
+                break
+        assert slow, "no worker fell in the window while the zygote restarted"
+        # Once it is back, a replacement is forked again.
+        before = {w.pid for w in list_workers(namespace)}
+        victim = before.pop()
+        os.kill(victim, signal.SIGKILL)
+
+        def one_new() -> bool:
+            now = {w.pid for w in list_workers(namespace)}
+            return len(now) == 4 and victim not in now
+
+        wait_until(one_new, timeout_s=30)
+        (new,) = {w.pid for w in list_workers(namespace)} - before
+        assert ppid_of(new) == zygote

@@ -1,0 +1,30 @@
+"""What the zygote (:mod:`pool.zygote`) imports, before it forks anything.
+
+gRPC must not install fork handlers in a process that forks pool processes:
+they crash a child forked while gRPC's threads run, and the zygote never
+runs them anyway. So this turns them off before grpc is imported, whatever
+the environment says. It then imports everything a worker and the
+dispatcher need, so that each forked child starts with it in memory,
+shared with its siblings, and freezes those objects out of the garbage
+collector's reach: a collection in a child would otherwise write to every
+page it visits and so copy it.
+"""
+
+import os
+
+os.environ["GRPC_ENABLE_FORK_SUPPORT"] = "0"
+# gRPC's INFO lines (a GOAWAY from each worker that stops) are not for users.
+os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
+
+import gc
+
+import google.protobuf
+import grpc
+import uvloop
+
+import pool.dispatcher
+import workers.process
+
+gc.freeze()
+
+__all__ = ["google", "grpc", "pool", "uvloop", "workers"]
