@@ -46,6 +46,18 @@ __all__ = ["AsyncClient", "Client", "outcome"]
 
 CONNECT_TIMEOUT_S: Final = 30.0
 
+# map's adaptive chunks (see Client.map): the first calls go one per task,
+PROBE_CALLS: Final = 8
+# and the first of them to answer within this long says how long a call runs;
+PROBE_WAIT_S: Final = 0.05
+# then the rest go in chunks that run about this long in the worker (a task
+# costs about 0.2 ms of CPU over the three processes it crosses),
+CHUNK_TARGET_S: Final = 0.002
+# and in at least this many chunks, so that every worker gets its share,
+MIN_CHUNKS: Final = 64
+# each carrying about this many bytes of arguments at most.
+MAX_CHUNK_BYTES: Final = 1 << 20
+
 log = logging.getLogger("pool.client")
 
 # Like concurrent.futures.thread: once the interpreter starts to exit, every
@@ -82,7 +94,7 @@ class Submissions:
 
     def __init__(self, tags: Iterable[str], task_timeout_s: float | None) -> None:
         self._tags = tuple(tags)
-        self._timeout_s = task_timeout_s or 0.0
+        self.timeout_s = task_timeout_s or 0.0
         self._ids = itertools.count(1)
 
     def make(
@@ -98,7 +110,7 @@ class Submissions:
             id=next(self._ids),
             function=name,
             args=tasks.dump_call(args, dict(kwargs)),
-            timeout_s=self._timeout_s,
+            timeout_s=self.timeout_s,
         )
         return Submission(task=task, tags=self._tags)
 
@@ -312,14 +324,26 @@ class Client(concurrent.futures.Executor):
         fn: Callable[..., Any],
         *iterables: Iterable[Any],
         timeout: float | None = None,
-        chunksize: int = 1,
+        chunksize: int | None = None,
     ) -> Iterator[Any]:
-        """Like :meth:`Executor.map`: every task is submitted now, results come
-        in order, each released once yielded; ``timeout`` counts from this
-        call. ``chunksize`` calls travel and run as one task."""
-        if chunksize < 1:
+        """Like :meth:`Executor.map`: every call is submitted now, results come
+        in order, each released once yielded, and a call's exception is
+        raised when its turn comes; ``timeout`` counts from this call.
+
+        ``chunksize`` calls travel and run as one task (1: a task per call,
+        as ``ProcessPoolExecutor`` does by default). By default the size
+        adapts: the first calls go one per task, and once one has answered
+        (or :data:`PROBE_WAIT_S` has passed) the rest go in chunks that run
+        about :data:`CHUNK_TARGET_S` each, or one per task if calls are
+        longer. A chunk's calls keep their own values and exceptions, and a
+        worker lost mid-chunk costs only that chunk, which runs again. With
+        ``task_timeout_s`` the default is one call per task, so that the
+        limit stays per call."""
+        if chunksize is not None and chunksize < 1:
             raise ValueError(f"chunksize must be at least 1, got {chunksize}")
         deadline = None if timeout is None else time.monotonic() + timeout
+        if chunksize is None and self._submissions.timeout_s:
+            chunksize = 1
         if chunksize == 1:
             futures = [self.submit(fn, *args) for args in zip(*iterables, strict=False)]
             return _in_order(futures, deadline)
@@ -329,9 +353,20 @@ class Client(concurrent.futures.Executor):
             failed: concurrent.futures.Future[Any] = concurrent.futures.Future()
             failed.set_exception(exc)
             return _flatten(_in_order([failed], deadline))
-        futures = [
+        calls = list(zip(*iterables, strict=False))
+        futures = []
+        if chunksize is None:
+            futures = [
+                self.submit(tasks.CHUNK_FUNCTION, name, [call])
+                for call in calls[:PROBE_CALLS]
+            ]
+            per_call_s = _time_per_call(futures)
+            chunksize = auto_chunksize(
+                per_call_s, len(calls) - len(futures), _call_bytes(calls)
+            )
+        futures += [
             self.submit(tasks.CHUNK_FUNCTION, name, chunk)
-            for chunk in _chunks(iterables, chunksize)
+            for chunk in _slices(calls, len(futures), chunksize)
         ]
         return _flatten(_in_order(futures, deadline))
 
@@ -348,10 +383,45 @@ class Client(concurrent.futures.Executor):
             self._runner.join()
 
 
-def _chunks(iterables: tuple[Iterable[Any], ...], size: int) -> Iterator[list[Any]]:
-    it = zip(*iterables, strict=False)
-    while chunk := list(itertools.islice(it, size)):
-        yield chunk
+def auto_chunksize(
+    per_call_s: float | None, calls: int, per_call_bytes: int = 0
+) -> int:
+    """How many calls of ``per_call_s`` each (None: not known in time) to
+    send per task when ``calls`` are left: enough to run about
+    :data:`CHUNK_TARGET_S`, but at least :data:`MIN_CHUNKS` chunks, and
+    no more than :data:`MAX_CHUNK_BYTES` of arguments of ``per_call_bytes``."""
+    if per_call_s is None or per_call_s >= CHUNK_TARGET_S:
+        return 1
+    size = int(CHUNK_TARGET_S / max(per_call_s, 1e-7))
+    size = min(size, MAX_CHUNK_BYTES // max(per_call_bytes, 1))
+    return max(1, min(size, calls // MIN_CHUNKS))
+
+
+def _time_per_call(futures: list[concurrent.futures.Future[Any]]) -> float | None:
+    """How long one call took in the first chunk to answer, if one answers
+    within :data:`PROBE_WAIT_S`."""
+    done, _ = concurrent.futures.wait(
+        futures, PROBE_WAIT_S, concurrent.futures.FIRST_COMPLETED
+    )
+    for future in done:
+        if future.exception() is None:
+            chunk: tasks.ChunkResult = future.result()
+            return chunk.elapsed_s / max(1, len(chunk.values))
+    return None
+
+
+def _call_bytes(calls: list[tuple[Any, ...]]) -> int:
+    """The pickled size of the last call's arguments, as a sample (0 if they
+    do not pickle: the chunk that holds them will fail as they would)."""
+    try:
+        return len(pickle.dumps(calls[-1], pickle.HIGHEST_PROTOCOL)) if calls else 0
+    except Exception:
+        return 0
+
+
+def _slices(calls: list[Any], start: int, size: int) -> Iterator[list[Any]]:
+    for at in range(start, len(calls), size):
+        yield calls[at : at + size]
 
 
 def _in_order(
@@ -378,11 +448,9 @@ def _result_or_cancel(
         future.cancel()  # a no-op once done: a timeout or an interrupt cancels it
 
 
-def _flatten(chunks: Iterator[list[Any]]) -> Iterator[Any]:
+def _flatten(chunks: Iterator[tasks.ChunkResult]) -> Iterator[Any]:
     for chunk in chunks:
-        chunk.reverse()
-        while chunk:
-            yield chunk.pop()
+        yield from tasks.chunk_items(chunk)
 
 
 class AsyncClient:
@@ -462,33 +530,65 @@ class AsyncClient:
         return await self._outcome(*self._send(fn, args, kwargs))
 
     async def map(
-        self, fn: Callable[..., Any], *iterables: Iterable[Any], chunksize: int = 1
+        self,
+        fn: Callable[..., Any],
+        *iterables: Iterable[Any],
+        chunksize: int | None = None,
     ) -> AsyncIterator[Any]:
         """Results of ``fn`` over the iterables, in order; every task is sent
-        at once, and those not yet awaited are cancelled if the loop stops."""
-        if chunksize < 1:
+        at once, and those not yet awaited are cancelled if the loop stops.
+        ``chunksize`` is as for :meth:`Client.map` (adaptive by default)."""
+        if chunksize is not None and chunksize < 1:
             raise ValueError(f"chunksize must be at least 1, got {chunksize}")
-        if chunksize == 1:
+        if chunksize is None and self._submissions.timeout_s:
+            chunksize = 1
+        chunked = chunksize != 1
+        if not chunked:
             sent = [self._send(fn, args, {}) for args in zip(*iterables, strict=False)]
         else:
             name = fn if isinstance(fn, str) else tasks.function_name(fn)
-            sent = [
+            calls = list(zip(*iterables, strict=False))
+            sent = []
+            if chunksize is None:
+                sent = [
+                    self._send(tasks.CHUNK_FUNCTION, (name, [call]), {})
+                    for call in calls[:PROBE_CALLS]
+                ]
+                per_call_s = await _time_per_call_async([a for _, a in sent])
+                chunksize = auto_chunksize(
+                    per_call_s, len(calls) - len(sent), _call_bytes(calls)
+                )
+            sent += [
                 self._send(tasks.CHUNK_FUNCTION, (name, chunk), {})
-                for chunk in _chunks(iterables, chunksize)
+                for chunk in _slices(calls, len(sent), chunksize)
             ]
         sent.reverse()
         try:
             while sent:
                 value = await self._outcome(*sent.pop())
-                if chunksize == 1:
+                if not chunked:
                     yield value
                 else:
-                    for item in value:
+                    for item in tasks.chunk_items(value):
                         yield item
         finally:
             for task_id, answer in sent:
                 if not answer.done() and self._connection is not None:
                     self._connection.cancel(task_id)
+
+
+async def _time_per_call_async(answers: list[asyncio.Future[Result]]) -> float | None:
+    """:func:`_time_per_call` for :class:`AsyncClient`."""
+    if not answers:
+        return None
+    done, _ = await asyncio.wait(
+        answers, timeout=PROBE_WAIT_S, return_when=asyncio.FIRST_COMPLETED
+    )
+    for answer in done:
+        with contextlib.suppress(Exception):
+            chunk: tasks.ChunkResult = outcome(answer.result())
+            return chunk.elapsed_s / max(1, len(chunk.values))
+    return None
 
 
 class _AsyncHandler:

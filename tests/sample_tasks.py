@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import itertools
 import os
 import time
 
@@ -125,3 +126,26 @@ class Box:
 
 def boxed(value: int) -> Box:
     return Box(value)
+
+
+def noted(log: str, seconds: float, x: int) -> int:
+    """Note ``x`` and this process's pid in the file ``log``, sleep
+    ``seconds``, and return ``x * x``."""
+    with open(log, "a") as out:
+        out.write(f"{x} {os.getpid()}\n")
+    time.sleep(seconds)
+    return x * x
+
+
+_runs = itertools.count()
+
+
+def sequenced(x: int) -> tuple[int, int, int]:
+    """``x``, this process's pid, and how many calls it ran before."""
+    return x, os.getpid(), next(_runs)
+
+
+def fail_on(bad: int, x: int) -> int:
+    if x == bad:
+        raise ValueError(f"{x} is bad")
+    return x

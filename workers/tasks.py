@@ -23,9 +23,10 @@ import inspect
 import math
 import pickle
 import sys
+import time
 import traceback
-from collections.abc import Callable
-from typing import Any, ClassVar, Final
+from collections.abc import Callable, Iterator
+from typing import Any, ClassVar, Final, NamedTuple
 
 import grpc
 
@@ -336,14 +337,56 @@ def exception_of(failure: Failure) -> BaseException:
     return exc
 
 
-def run_chunk(function: str, calls: list[tuple[Any, ...]]) -> list[Any]:
+class ChunkResult(NamedTuple):
+    """What :func:`run_chunk` returns: every call's value in order, and the
+    failure (a serialized :class:`Failure`) of each call that raised, by
+    position (its value is None). ``elapsed_s`` is the time the chunk took
+    in the worker, which tells ``map`` how long one call runs."""
+
+    elapsed_s: float
+    values: list[Any]
+    failures: dict[int, bytes]
+
+
+def run_chunk(function: str, calls: list[tuple[Any, ...]]) -> ChunkResult:
     """Run ``function`` over many argument tuples as one task (``map``'s
-    ``chunksize``); the first exception ends the chunk."""
+    chunks). Every call runs, as it would as a task of its own, and each
+    keeps its own value or exception."""
     fn = resolve(function)
+    started = time.perf_counter()
+    values: list[Any] = []
+    failures: dict[int, bytes] = {}
     if inspect.iscoroutinefunction(fn):
 
-        async def run_all() -> list[Any]:
-            return [await fn(*args) for args in calls]
+        async def run_all() -> None:
+            for args in calls:
+                try:
+                    values.append(await fn(*args))
+                except Exception as exc:
+                    failures[len(values)] = failure_of(exc).SerializeToString()
+                    values.append(None)
 
-        return asyncio.run(run_all())
-    return [fn(*args) for args in calls]
+        asyncio.run(run_all())
+    else:
+        for args in calls:
+            try:
+                values.append(fn(*args))
+            except Exception as exc:
+                failures[len(values)] = failure_of(exc).SerializeToString()
+                values.append(None)
+    return ChunkResult(time.perf_counter() - started, values, failures)
+
+
+def chunk_items(chunk: ChunkResult) -> Iterator[Any]:
+    """The values of a chunk in order, raising the exception of a call that
+    raised when its turn comes (as ``Executor.map`` does); each value is let
+    go of once yielded."""
+    values, failures = chunk.values, chunk.failures
+    values.reverse()
+    position = 0
+    while values:
+        value = values.pop()
+        if position in failures:
+            raise exception_of(Failure.FromString(failures.pop(position)))
+        position += 1
+        yield value

@@ -1,0 +1,40 @@
+"""The pure parts of ``map``'s chunks: how big, and how a chunk's calls
+come out."""
+
+from __future__ import annotations
+
+import pytest
+
+from pool.client import CHUNK_TARGET_S, MAX_CHUNK_BYTES, MIN_CHUNKS, auto_chunksize
+from workers import tasks
+
+
+def test_a_chunk_grows_while_calls_are_short() -> None:
+    assert auto_chunksize(CHUNK_TARGET_S / 100, 1_000_000) == 100
+    assert auto_chunksize(1e-9, 10**9) == int(CHUNK_TARGET_S / 1e-7)
+
+
+def test_a_chunk_carries_at_most_a_mebibyte_of_arguments() -> None:
+    assert auto_chunksize(1e-9, 10**9, per_call_bytes=1024) == MAX_CHUNK_BYTES // 1024
+    assert auto_chunksize(1e-9, 10**9, per_call_bytes=10 * MAX_CHUNK_BYTES) == 1
+
+
+def test_long_or_untimed_calls_go_one_per_task() -> None:
+    assert auto_chunksize(None, 10_000) == 1
+    assert auto_chunksize(CHUNK_TARGET_S, 10_000) == 1
+    assert auto_chunksize(1.0, 10_000) == 1
+
+
+def test_there_are_always_enough_chunks_to_share() -> None:
+    assert auto_chunksize(1e-6, 10 * MIN_CHUNKS) == 10
+    assert auto_chunksize(1e-6, MIN_CHUNKS - 1) == 1
+
+
+def test_a_chunk_keeps_each_calls_value_and_exception() -> None:
+    chunk = tasks.run_chunk("tests.sample_tasks:fail_on", [(2, 1), (2, 2), (2, 3)])
+    assert chunk.values == [1, None, 3] and list(chunk.failures) == [1]
+    items = tasks.chunk_items(chunk)
+    assert next(items) == 1
+    with pytest.raises(ValueError, match="2 is bad") as raised:
+        next(items)
+    assert isinstance(raised.value.__cause__, tasks.RemoteTraceback)
