@@ -160,6 +160,47 @@ def build_parser() -> argparse.ArgumentParser:
         help="how long to wait for it to stop (default 60)",
     )
     down.set_defaults(run=cmd_down)
+
+    bench = commands.add_parser(
+        "bench",
+        help="measure speed and memory, side by side with the standard pools",
+        description="Run the standard benchmark set (start, round trip, submit "
+        "and map throughput, CPU-bound work, memory, replacement of a killed "
+        "worker) against a pool started in this process, or a running one "
+        "with --namespace, and print medians; with --peers, beside "
+        "ProcessPoolExecutor and multiprocessing.Pool of as many workers, as "
+        "ratios. See benchmarks/README.md for what each figure means.",
+    )
+    bench.add_argument(
+        "-n",
+        "--namespace",
+        help="measure this running pool (default: start one in this process; "
+        "start, replacement and CPU-bound figures need that)",
+    )
+    bench.add_argument(
+        "--workers", type=int, default=8, help="workers of each pool (default 8)"
+    )
+    bench.add_argument(
+        "--runs", type=int, default=3, help="runs to take the median of (default 3)"
+    )
+    bench.add_argument(
+        "--tasks",
+        type=int,
+        default=100_000,
+        help="no-op tasks of the map figure (default 100000)",
+    )
+    bench.add_argument(
+        "--peers",
+        action="store_true",
+        help="measure ProcessPoolExecutor and multiprocessing.Pool too",
+    )
+    bench.add_argument(
+        "--chart",
+        metavar="PNG",
+        help="also write a bar chart of the ratios (needs --peers and the "
+        "`bench` extra: pip install 'shm-pool[bench]')",
+    )
+    bench.set_defaults(run=cmd_bench)
     return parser
 
 
@@ -176,13 +217,41 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     run: Callable[[argparse.Namespace], int] = args.run
     try:
-        paths.validate_namespace(args.namespace)
+        if args.namespace is not None:  # (`bench` has none by default)
+            paths.validate_namespace(args.namespace)
         return run(args)
     except KeyboardInterrupt:
         return 130
     except (PoolError, DiscoveryError, TaskError, UsageError, OSError) as exc:
         print(f"pool: error: {exc}", file=sys.stderr)
         return 1
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    from rich.console import Console
+
+    from pool import bench
+
+    if args.workers < 1 or args.runs < 1 or args.tasks < 1:
+        raise UsageError("--workers, --runs and --tasks must be at least 1")
+    if args.chart and not args.peers:
+        raise UsageError("--chart draws the ratios to the peers: add --peers")
+    if args.namespace is not None:
+        Client(args.namespace).shutdown()  # a clear error if it is not running
+    settings = bench.Settings(
+        workers=args.workers,
+        runs=args.runs,
+        tasks=args.tasks,
+        namespace=args.namespace,
+        peers=args.peers,
+    )
+    console = Console()
+    results = bench.run(settings, console)
+    console.print(bench.table(results, settings))
+    if args.chart:
+        bench.chart(results, args.chart)
+        console.print(f"chart: {args.chart}")
+    return 0
 
 
 def cmd_up(args: argparse.Namespace) -> int:

@@ -1,0 +1,115 @@
+"""The round-trip floor for our shape: two raw grpc.aio hops.
+
+A client sends 64 bytes on a bidi stream to a *relay*, which forwards them
+on a stream of its own to an *echo* server and sends the answer back: two
+hops on unix sockets, each process on uvloop, as a task goes client →
+dispatcher → worker. No protobuf, no pickling, no routing: what is left
+of a no-op task's round trip when everything of ours is taken away.
+
+``python -m pool.floor echo|relay SOCKET [UPSTREAM]`` runs one server
+(printing ``ready`` once it listens); :func:`measure` starts both and
+times ``samples`` round trips in a row.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import grpc
+import uvloop
+from grpc import aio
+
+METHOD = "/floor.Echo/Stream"
+MESSAGE = b"x" * 64
+
+
+def _handler(behaviour: Any) -> grpc.GenericRpcHandler:
+    return grpc.method_handlers_generic_handler(
+        "floor.Echo", {"Stream": grpc.stream_stream_rpc_method_handler(behaviour)}
+    )
+
+
+async def _echo(
+    requests: AsyncIterator[bytes], context: object
+) -> AsyncIterator[bytes]:
+    async for message in requests:
+        yield message
+
+
+async def serve(role: str, socket: str, upstream: str | None) -> None:
+    server = aio.server()
+    if role == "echo":
+        server.add_generic_rpc_handlers((_handler(_echo),))
+    else:
+        channel = aio.insecure_channel(f"unix:{upstream}")
+        forward: Any = channel.stream_stream(METHOD)
+
+        async def relay(
+            requests: AsyncIterator[bytes], context: object
+        ) -> AsyncIterator[bytes]:
+            call = forward()
+            async for message in requests:
+                await call.write(message)
+                yield await call.read()
+            await call.done_writing()
+
+        server.add_generic_rpc_handlers((_handler(relay),))
+    server.add_insecure_port(f"unix:{socket}")
+    await server.start()
+    print("ready", flush=True)
+    await server.wait_for_termination()
+
+
+async def _round_trips(socket: str, samples: int) -> list[float]:
+    async with aio.insecure_channel(f"unix:{socket}") as channel:
+        call: Any = channel.stream_stream(METHOD)()
+        times = []
+        for _ in range(samples + 50):  # the first 50 warm up
+            started = time.perf_counter()
+            await call.write(MESSAGE)
+            await call.read()
+            times.append(time.perf_counter() - started)
+        await call.done_writing()
+    return times[50:]
+
+
+def measure(samples: int = 500) -> list[float]:
+    """Round trips through relay and echo, in seconds (each its own process)."""
+    with tempfile.TemporaryDirectory(prefix="shmp-floor-") as directory:
+        echo_socket = str(Path(directory) / "echo.sock")
+        relay_socket = str(Path(directory) / "relay.sock")
+        servers = []
+        try:
+            for argv in (
+                ["echo", echo_socket],
+                ["relay", relay_socket, echo_socket],
+            ):
+                server = subprocess.Popen(
+                    [sys.executable, "-m", "pool.floor", *argv],
+                    stdout=subprocess.PIPE,
+                    text=True,
+                )
+                servers.append(server)
+                assert server.stdout is not None
+                if server.stdout.readline().strip() != "ready":
+                    raise RuntimeError("a floor server did not start")
+            return uvloop.run(_round_trips(relay_socket, samples))
+        finally:
+            for server in servers:
+                server.kill()
+                server.wait()
+                if server.stdout is not None:
+                    server.stdout.close()
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
+    role, socket, *rest = sys.argv[1:]
+    uvloop.run(serve(role, socket, rest[0] if rest else None))
