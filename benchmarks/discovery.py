@@ -1,13 +1,15 @@
 """Discovery latency and subscriber cost, by pool size.
 
-    python -m benchmarks.discovery [--sizes 8,128,1024] [--events 300] [--runs 3]
+    python -m benchmarks.discovery [--sizes 8,1024,4096] [--events 300] [--runs 3]
 
 For each size N, this process creates a namespace, registers N workers and
-starts a subscriber in another process. It then publishes ``--events``
+starts a subscriber in another process, which times how long it takes to
+yield all N (its first look). It then publishes ``--events``
 ``worker-updated`` events one at a time, each carrying the monotonic time
 of its publish (CLOCK_MONOTONIC is shared by every process on the machine);
 the subscriber answers each with the latency it saw, and at the end with
-its CPU time (all threads) per event. Each figure is the median over
+its CPU time (all threads) per event. The publisher times each ``publish``
+call (median). Each figure is the median over
 ``--runs`` runs (the order of sizes rotates between runs); the last column
 is the CPU per event relative to the smallest size measured in the same
 run: what a larger pool costs a subscriber.
@@ -39,10 +41,12 @@ _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 async def subscriber_role(namespace: str, workers: int, events: int) -> None:
     """Consume the N adds, then answer each update with its latency."""
     out = sys.stdout
+    started = time.monotonic()
     stream = aiter(Subscriber(namespace))
     for _ in range(workers):
         await anext(stream)
-    out.write(json.dumps({"ready": True}) + "\n")
+    first_look = time.monotonic() - started
+    out.write(json.dumps({"ready": True, "first_look": first_look}) + "\n")
     out.flush()
     cpu = time.process_time()
     for _ in range(events):
@@ -87,12 +91,14 @@ async def _drive(child, publisher, infos, events) -> dict[str, float]:  # type: 
     async def answer() -> dict[str, object]:
         return json.loads(await loop.run_in_executor(None, readline))  # type: ignore[no-any-return]
 
-    assert (await answer())["ready"]
-    latencies = []
+    ready = await answer()
+    latencies, publishes = [], []
     for i in range(events):
         info = infos[i % len(infos)]
         stamped = replace(info, extra={"t": repr(time.monotonic())})
+        started = time.perf_counter()
         await publisher.publish("worker-updated", stamped)
+        publishes.append(time.perf_counter() - started)
         reply = await answer()
         assert reply["type"] == "worker-updated", reply
         latencies.append(float(reply["latency"]))  # type: ignore[arg-type]
@@ -103,6 +109,8 @@ async def _drive(child, publisher, infos, events) -> dict[str, float]:  # type: 
         "p99_ms": latencies[int(len(latencies) * 0.99)] * 1e3,
         "max_ms": latencies[-1] * 1e3,
         "cpu_us": cpu * 1e6,
+        "publish_us": statistics.median(publishes) * 1e6,
+        "first_look_ms": float(ready["first_look"]) * 1e3,  # type: ignore[arg-type]
     }
 
 
@@ -119,8 +127,11 @@ async def main(sizes: list[int], events: int, runs: int) -> None:
             results[size].append(run[size])
             ratios[size].append(run[size]["cpu_us"] / run[smallest]["cpu_us"])
     print(f"{events} events per size, median of {runs} runs\n")
-    print("| workers | p50 ms | p99 ms | max ms | CPU/event us | CPU vs smallest |")
-    print("|--:|--:|--:|--:|--:|--:|")
+    print(
+        "| workers | p50 ms | p99 ms | max ms | CPU/event us | CPU vs smallest "
+        "| publish us | first look ms |"
+    )
+    print("|--:|--:|--:|--:|--:|--:|--:|--:|")
     for size in sizes:
         med = {
             k: statistics.median(r[k] for r in results[size]) for k in results[size][0]
@@ -128,13 +139,14 @@ async def main(sizes: list[int], events: int, runs: int) -> None:
         print(
             f"| {size} | {med['p50_ms']:.2f} | {med['p99_ms']:.2f} | "
             f"{med['max_ms']:.2f} | {med['cpu_us']:.0f} | "
-            f"{statistics.median(ratios[size]):.2f}x |"
+            f"{statistics.median(ratios[size]):.2f}x | {med['publish_us']:.0f} | "
+            f"{med['first_look_ms']:.1f} |"
         )
 
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--sizes", default="8,128,1024")
+    parser.add_argument("--sizes", default="8,1024,4096")
     parser.add_argument("--events", type=int, default=300)
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--role", nargs=4, metavar=("ROLE", "NS", "N", "EVENTS"))

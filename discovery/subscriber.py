@@ -32,8 +32,10 @@ exist yet.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import gc
 import logging
-from collections.abc import AsyncIterator, Callable, Iterable
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any, Final
 from uuid import UUID
@@ -41,7 +43,7 @@ from uuid import UUID
 from discovery import paths, watch
 from discovery.errors import NamespaceNotFound, RegistryCorrupt
 from discovery.info import DiscoveryEvent, WorkerInfo
-from discovery.liveness import PidWatch, Reaper, sweep
+from discovery.liveness import PidWatch, PidWatches, Reaper, sweep
 from discovery.registry import Registry, SlotRead
 
 log = logging.getLogger(__name__)
@@ -116,6 +118,22 @@ class Subscriber:
             follower.close()
 
 
+@contextlib.contextmanager
+def _collector_paused(pause: bool) -> Iterator[None]:
+    """Hold the cyclic garbage collector off while a look reads thousands of
+    slots: every object it makes lives on, and the collections their number
+    sets off (each walking the whole heap) cost a look at 4,096 workers a
+    fifth of its time."""
+    if not pause or not gc.isenabled():
+        yield
+        return
+    gc.disable()
+    try:
+        yield
+    finally:
+        gc.enable()
+
+
 def _rebuild_subscriber(
     namespace: str, filter: Filter | None, poll_interval: float | None
 ) -> Subscriber:
@@ -147,6 +165,7 @@ class _Follower:
         self._slots: dict[int, _Known] = {}
         self._pending: set[int] = set()  # slots caught mid-write
         self._reaper: Reaper | None = None
+        self._deaths: PidWatches | None = None
         self._suspects: dict[int, UUID] = {}  # slots whose publisher may be dead
         self._poll_tick = False  # the last wait ended by the poll interval
         self._corrupt_warned = False
@@ -158,9 +177,9 @@ class _Follower:
 
     def _release(self) -> None:
         """Let go of the registry and everything watched in it."""
-        for known in self._slots.values():
-            if known.death is not None:
-                known.death.close()
+        if self._deaths is not None:  # (every watch of a slot with it)
+            self._deaths.close()
+            self._deaths = None
         self._slots, self._pending, self._suspects = {}, set(), {}
         if self._reaper is not None:
             self._reaper.close()
@@ -271,6 +290,12 @@ class _Follower:
         indexes: Iterable[int] = range(registry.capacity)
         if changed is not None:
             indexes = dict.fromkeys([*self._pending, *changed])
+        with _collector_paused(changed is None or len(changed) > 256):
+            return self._read_and_apply(registry, indexes, changed)
+
+    def _read_and_apply(
+        self, registry: Registry, indexes: Iterable[int], changed: list[int] | None
+    ) -> list[DiscoveryEvent]:
         reads = {}
         for index in indexes:
             if changed is None and index not in self._pending:
@@ -339,7 +364,9 @@ class _Follower:
                 death.close()
                 death = None
             if (uid := read.uid) is not None:
-                death = PidWatch.open(
+                if self._deaths is None:
+                    self._deaths = PidWatches()
+                death = self._deaths.open(
                     read.pid, read.pidns, lambda: self._on_death(index, uid)
                 )
         return _Known(read.version, read.uid, info, shown, death)
@@ -350,9 +377,7 @@ class _Follower:
         try:
             if read.data is None:
                 raise ValueError("its length runs past the block")
-            info = WorkerInfo.decode(read.data)
-            if info.uid != read.uid:
-                raise ValueError(f"it holds uid {info.uid}, the slot {read.uid}")
+            info = WorkerInfo.decode(read.data, expect_uid=read.uid)
         except ValueError as exc:
             log.warning(
                 "namespace %r: skipping slot %d (version %d): %s",
