@@ -11,7 +11,8 @@ free (see :mod:`workers.service`), and with none free the status is
 ``"stuck"``. Then it drains: ``worker-updated`` with ``status="draining"``,
 refuses new tasks, finishes what it has within ``--grace-s``, publishes
 ``worker-dropped`` and exits 0. A change of status or capacity is published
-at once; counters (tasks running, stuck, done, failed) travel in
+at once; counters (tasks running, stuck, done, failed, and how long the
+last one ran) travel in
 ``WorkerInfo.extra``, at most once a second. Its background work (the
 reporter, each stream's tasks) runs in task groups: an error in any ends the
 process with the error logged and exit status 1, and its supervisor starts
@@ -272,6 +273,7 @@ def _counters(service: WorkerService) -> dict[str, str]:
         "stuck": str(service.stuck),
         "done": str(service.done),
         "failed": str(service.failed),
+        "last_ms": f"{service.last_task_s * 1e3:.1f}",
     }
 
 

@@ -37,6 +37,7 @@ import contextlib
 import inspect
 import queue
 import threading
+import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any, Final
@@ -130,6 +131,7 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
         self.stuck_changed = asyncio.Event()  # set whenever ``stuck`` changes
         self.done = 0
         self.failed = 0
+        self.last_task_s = 0.0  # how long the last plain task ran
 
     @property
     def free_threads(self) -> int:
@@ -278,13 +280,18 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
                 if entry.answered:
                     continue  # cancelled, timed out or handed back before it ran
                 entry.running = True
+            started = time.perf_counter()
             result = _run_plain(entry.task, self._max_args_bytes)
+            elapsed = time.perf_counter() - started
             with self._claim:
                 entry.running = False
             with contextlib.suppress(RuntimeError):  # the loop is closed: exiting
-                self._loop.call_soon_threadsafe(self._plain_done, entry, result)
+                self._loop.call_soon_threadsafe(
+                    self._plain_done, entry, result, elapsed
+                )
 
-    def _plain_done(self, entry: _Entry, result: Result) -> None:
+    def _plain_done(self, entry: _Entry, result: Result, elapsed: float) -> None:
+        self.last_task_s = elapsed
         if entry.stuck:  # its answer went long ago; the thread is free again
             entry.stuck = False
             self.stuck -= 1
