@@ -142,8 +142,8 @@ class WorkerLink:
             async for batch in call:
                 if batch.accepted:
                     router.on_accepted(self, batch.accepted)
-                for result in batch.results:
-                    router.on_result(self, result)
+                if batch.results:
+                    router.on_results(self, batch.results)
         except aio.AioRpcError as exc:
             self._report(exc)
 

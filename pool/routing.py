@@ -342,7 +342,18 @@ class Router:
                 job.taken = True
                 job.owner.on_accepted(job)
 
+    def on_results(self, link: Link, results: Iterable[Result]) -> None:
+        """Results from the worker on ``link`` (one message's): each is
+        delivered, then the queue is pumped once."""
+        for result in results:
+            self._on_result(link, result)
+        self._check_settled()
+        self.pump()
+
     def on_result(self, link: Link, result: Result) -> None:
+        self.on_results(link, (result,))
+
+    def _on_result(self, link: Link, result: Result) -> None:
         job = link.in_flight.pop(result.id, None)
         if job is None:
             return  # requeued elsewhere already, or withdrawn
@@ -360,8 +371,6 @@ class Router:
         else:
             link.done += 1
             self._deliver(job, result)
-        self._check_settled()
-        self.pump()
 
     def pump(self) -> None:
         """Place every queued task that a ready worker can take now."""

@@ -5,8 +5,10 @@ private directory, or ``HOST:0`` with ``--host``), publishes itself as
 ``worker-added``, writes one ``READY {json}`` line (to ``--ready-fd``) for whoever
 started it, and serves until SIGTERM, SIGINT or the death of the process
 ``--parent-fd`` names. Its ``capacity`` (what the dispatcher may send it at
-once) is ``free threads x prefetch``: tasks past the running ones wait in
-the worker; a thread held by a task that timed out or was cancelled is not
+once) is ``free threads x prefetch``, eight times that while tasks run
+under a millisecond and one past the free threads while they run 5 ms or
+more: tasks past the running ones wait in the worker; a thread held by a
+task that timed out or was cancelled is not
 free (see :mod:`workers.service`), and with none free the status is
 ``"stuck"``. Then it drains: ``worker-updated`` with ``status="draining"``,
 refuses new tasks, finishes what it has within ``--grace-s``, publishes
@@ -48,6 +50,10 @@ REPORT_INTERVAL_S: Final = 1.0
 # pool near 3,000 tasks/s here; taking a few per slot lets each message carry
 # several and hides the dispatcher's round trip.
 PREFETCH: Final = 4
+# While tasks run under a millisecond (workers.service), a worker takes this
+# many times more: the tasks of a message, and so the messages per task,
+# are what a no-op task costs.
+SHORT_PREFETCH: Final = 8
 
 
 @dataclasses.dataclass(frozen=True)
@@ -244,8 +250,20 @@ class _Reporter:
         return dataclasses.replace(
             self._info,
             status=status,
-            capacity=max(1, service.free_threads * self._prefetch),
+            capacity=self._capacity(),
             extra=_counters(service),
+        )
+
+    def _capacity(self) -> int:
+        """Tasks the dispatcher may send: ``prefetch`` per free thread, eight
+        times as many while tasks are short (each message then carries
+        many), and one past the free threads while they are long."""
+        free = self._service.free_threads
+        pace = self._service.pace
+        if pace == "long":
+            return max(1, free + 1)
+        return max(
+            1, free * self._prefetch * (SHORT_PREFETCH if pace == "short" else 1)
         )
 
     async def run(self, publisher: Publisher) -> None:

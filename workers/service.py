@@ -40,7 +40,7 @@ import threading
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
-from typing import Any, Final
+from typing import Any, Final, Literal
 
 from grpc import aio
 
@@ -54,6 +54,15 @@ from workers.worker_pb2 import Failure, Result, ResultBatch, Task, TaskBatch
 MAX_STREAM_TASKS: Final = 4096
 # Coroutine tasks' arguments larger than this are unpickled off the loop.
 OFFLOAD_ARGS_BYTES: Final = 1 << 20
+# How fast plain tasks have been running (a moving average, each task
+# weighing PACE_WEIGHT), which sets how many the worker takes at once
+# (workers.process): many while they are short, one past its free threads
+# while they are long, so that no task waits behind a long one while
+# another worker is free.
+Pace = Literal["short", "unknown", "long"]
+SHORT_TASK_S: Final = 0.001
+LONG_TASK_S: Final = 0.005
+PACE_WEIGHT: Final = 0.25
 _ALL_STUCK: Final = (
     "every task thread is held by a task that timed out or was cancelled"
 )
@@ -116,6 +125,9 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
         self._on_change = on_change
         self._plain: queue.SimpleQueue[_Entry | None] = queue.SimpleQueue()
         self._claim = threading.Lock()  # a slot thread taking an entry vs. the loop
+        # Plain tasks that ended, waiting for the loop: it takes them all in
+        # one callback, so a busy loop is woken once for many.
+        self._ended: list[tuple[_Entry, Result, float]] = []
         self._slots = [
             threading.Thread(target=self._slot, name=f"task-{i}", daemon=True)
             for i in range(concurrency)
@@ -128,10 +140,14 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
         self.draining = False
         self.running = 0  # tasks accepted and not answered
         self.stuck = 0  # slot threads still running a task already answered
-        self.stuck_changed = asyncio.Event()  # set whenever ``stuck`` changes
+        # Set whenever ``stuck`` or ``pace`` changes: the worker's capacity
+        # follows them, and is published at once.
+        self.stuck_changed = asyncio.Event()
         self.done = 0
         self.failed = 0
         self.last_task_s = 0.0  # how long the last plain task ran
+        self._typical_s = 0.0  # a moving average of plain tasks' durations
+        self.pace: Pace = "unknown"
 
     @property
     def free_threads(self) -> int:
@@ -285,13 +301,29 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
             elapsed = time.perf_counter() - started
             with self._claim:
                 entry.running = False
-            with contextlib.suppress(RuntimeError):  # the loop is closed: exiting
-                self._loop.call_soon_threadsafe(
-                    self._plain_done, entry, result, elapsed
-                )
+                first = not self._ended
+                self._ended.append((entry, result, elapsed))
+            if first:
+                with contextlib.suppress(RuntimeError):  # the loop closed: exiting
+                    self._loop.call_soon_threadsafe(self._take_ended)
+
+    def _take_ended(self) -> None:
+        with self._claim:
+            ended, self._ended = self._ended, []
+        for entry, result, elapsed in ended:
+            self._plain_done(entry, result, elapsed)
 
     def _plain_done(self, entry: _Entry, result: Result, elapsed: float) -> None:
         self.last_task_s = elapsed
+        self._typical_s += (elapsed - self._typical_s) * PACE_WEIGHT
+        pace: Pace = "unknown"
+        if self._typical_s < SHORT_TASK_S:
+            pace = "short"
+        elif self._typical_s >= LONG_TASK_S:
+            pace = "long"
+        if pace != self.pace:
+            self.pace = pace
+            self.stuck_changed.set()
         if entry.stuck:  # its answer went long ago; the thread is free again
             entry.stuck = False
             self.stuck -= 1
