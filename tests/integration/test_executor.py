@@ -30,28 +30,25 @@ from tests.rpc import dispatcher_stub
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(90)]
 
 WORKERS = 2
-TAKEN = WORKERS * 4  # what the workers take at once (concurrency 1, prefetch 4)
-
-
-@pytest.fixture(scope="module")
-def shared_pool() -> Iterator[Pool]:
-    embedded = Pool(workers=WORKERS)
-    with embedded:
-        yield embedded
+# What the workers take at once: concurrency 1, prefetch 4, while none of
+# their tasks has ended yet.
+TAKEN = WORKERS * 4
 
 
 @pytest.fixture(params=["Client", "Pool"])
-def executor(request: pytest.FixtureRequest, shared_pool: Pool) -> Iterator[Client]:
-    """A Client of a running pool, or the client of a fresh embedded Pool."""
-    if request.param == "Client":
-        client = Client(shared_pool.namespace)
-        try:
-            yield client
-        finally:
-            client.shutdown()
-    else:
-        with Pool(workers=WORKERS) as client:
-            yield client
+def executor(request: pytest.FixtureRequest) -> Iterator[Client]:
+    """A Client of a running pool, or the client of an embedded Pool. Each
+    test has a pool of its own: how many tasks a worker takes at once
+    depends on how long the tasks it ran before took."""
+    with Pool(workers=WORKERS) as embedded:
+        if request.param == "Client":
+            client = Client(embedded.namespace)
+            try:
+                yield client
+            finally:
+                client.shutdown()
+        else:
+            yield embedded
 
 
 class Gate:
@@ -233,11 +230,16 @@ def test_waiting_and_callbacks_work_as_in_the_standard_library(
 
 
 def test_an_unreferenced_client_lets_its_futures_finish_and_its_thread_end(
-    shared_pool: Pool, gate: Gate
+    gate: Gate,
 ) -> None:
     """A client dropped without shutdown still completes its futures, then
     its thread ends (a weakref finalizer, as the standard executors use)."""
-    client = Client(shared_pool.namespace)
+    with Pool(workers=1) as embedded:
+        _unreferenced(embedded.namespace, gate)
+
+
+def _unreferenced(namespace: str, gate: Gate) -> None:
+    client = Client(namespace)
     future = gate.submit(client, 7)
     thread = client._runner._thread
     del client

@@ -152,3 +152,17 @@ def test_threads_held_by_timed_out_tasks_count_and_a_stuck_worker_is_replaced(
             )
     finally:
         Path(gate).touch()
+
+
+def test_a_worker_takes_more_while_tasks_are_short_and_fewer_while_long() -> None:
+    """Capacity follows how long tasks run: prefetch 4 per thread at first,
+    eight times that once they run under a millisecond, and one past its
+    threads once they run 5 ms or more; each change is published."""
+    with Pool(workers=1, concurrency=2) as client:
+        assert _only_worker(client.namespace).capacity == 8
+        for _ in range(3):
+            list(client.map(sample_tasks.square, range(50), chunksize=1))
+        wait_until(lambda: _only_worker(client.namespace).capacity == 64)
+        for _ in range(3):
+            list(client.map(sample_tasks.nap, [0.02] * 4, chunksize=1))
+        wait_until(lambda: _only_worker(client.namespace).capacity == 3)
