@@ -13,27 +13,68 @@ import os
 # precede any grpc import.
 os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "0")
 
-from pool.client import AsyncClient, Client
-from pool.embedded import Pool
-from pool.errors import (
-    NoWorkerAvailable,
-    PoolAlreadyRunning,
-    PoolError,
-    PoolNotRunning,
-    PoolStopping,
-    ProtocolMismatch,
-    WorkerLost,
-)
-from workers.tasks import (
-    ArgumentsTooLarge,
-    BadTask,
-    FunctionNotFound,
-    NotCallable,
-    RemoteError,
-    RemoteTraceback,
-    TaskIdReused,
-    TaskTimeout,
-)
+import importlib
+from typing import TYPE_CHECKING, Any
+
+# Each name is imported from its module on first use (PEP 562): the zygote
+# imports the dispatcher without the clients, the supervisor and rich.
+_HOMES: dict[str, str] = {
+    "AsyncClient": "pool.client",
+    "Client": "pool.client",
+    "Pool": "pool.embedded",
+    "NoWorkerAvailable": "pool.errors",
+    "PoolAlreadyRunning": "pool.errors",
+    "PoolError": "pool.errors",
+    "PoolNotRunning": "pool.errors",
+    "PoolStopping": "pool.errors",
+    "ProtocolMismatch": "pool.errors",
+    "WorkerLost": "pool.errors",
+    "ArgumentsTooLarge": "workers.tasks",
+    "BadTask": "workers.tasks",
+    "FunctionNotFound": "workers.tasks",
+    "NotCallable": "workers.tasks",
+    "RemoteError": "workers.tasks",
+    "RemoteTraceback": "workers.tasks",
+    "TaskIdReused": "workers.tasks",
+    "TaskTimeout": "workers.tasks",
+}
+
+if TYPE_CHECKING:
+    from pool.client import AsyncClient, Client
+    from pool.embedded import Pool
+    from pool.errors import (
+        NoWorkerAvailable,
+        PoolAlreadyRunning,
+        PoolError,
+        PoolNotRunning,
+        PoolStopping,
+        ProtocolMismatch,
+        WorkerLost,
+    )
+    from workers.tasks import (
+        ArgumentsTooLarge,
+        BadTask,
+        FunctionNotFound,
+        NotCallable,
+        RemoteError,
+        RemoteTraceback,
+        TaskIdReused,
+        TaskTimeout,
+    )
+
+
+def __getattr__(name: str) -> Any:
+    home = _HOMES.get(name)
+    if home is None:
+        raise AttributeError(f"module 'pool' has no attribute {name!r}")
+    value = getattr(importlib.import_module(home), name)
+    globals()[name] = value  # the next look finds it without this function
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *_HOMES])
+
 
 __all__ = [
     "ArgumentsTooLarge",

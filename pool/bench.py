@@ -37,6 +37,9 @@ from rich.progress import Progress
 from rich.table import Table
 
 from discovery import Subscriber, list_workers
+from pool import floor
+from pool.client import Client
+from pool.embedded import Pool
 
 CPU_TASK_S: Final = 0.02
 CPU_TASKS: Final = 64
@@ -114,8 +117,6 @@ class _MpFuture:
 
 @contextmanager
 def _ours(workers: int, namespace: str | None) -> Iterator[tuple[Executor, list[int]]]:
-    from pool import Client, Pool
-
     if namespace is not None:
         with Client(namespace) as client:
             yield client, [w.pid for w in list_workers(namespace)]
@@ -336,8 +337,6 @@ def run(settings: Settings, console: Console) -> dict[str, dict[str, float]]:
                     note(name, "cpu", _cpu_ratio(_opener(name, CPU_WORKERS, None)))
                     progress.advance(bar)
             step("floor: two raw gRPC hops")
-            from pool import floor
-
             note(OURS, "floor", statistics.median(floor.measure(RTT_SAMPLES)) * 1e3)
             progress.advance(bar)
             if own_pool:

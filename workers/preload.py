@@ -23,6 +23,7 @@ import grpc
 import uvloop
 
 import pool.dispatcher
+import pool.zygote
 import workers.process
 
 gc.freeze()
