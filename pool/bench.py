@@ -9,7 +9,7 @@ for what each figure means and how it is taken.
 Without ``--namespace`` it starts a pool inside this process
 (:class:`~pool.Pool`); with one, it uses that running pool, and skips what
 needs a pool of its own (start, replacement and the CPU-bound figure).
-The task functions live here so that workers can import them.
+The tasks are in :mod:`pool.bench_tasks`, which a worker imports fast.
 """
 
 from __future__ import annotations
@@ -38,6 +38,7 @@ from rich.table import Table
 
 from discovery import Subscriber, list_workers
 from pool import floor
+from pool.bench_tasks import burn, noop
 from pool.client import Client
 from pool.embedded import Pool
 
@@ -46,18 +47,6 @@ CPU_TASKS: Final = 64
 CPU_WORKERS: Final = 2
 RTT_SAMPLES: Final = 500
 IN_FLIGHT: Final = 256
-
-
-def noop(x: int = 0) -> int:
-    return x
-
-
-def burn(seconds: float) -> float:
-    """Spend ``seconds`` of this thread's CPU time."""
-    end = time.thread_time() + seconds
-    while time.thread_time() < end:
-        pass
-    return seconds
 
 
 class Executor(Protocol):

@@ -1,0 +1,18 @@
+"""The tasks of ``pool bench`` (:mod:`pool.bench`), in a module of their own
+so that a worker imports nothing else to run them."""
+
+from __future__ import annotations
+
+import time
+
+
+def noop(x: int = 0) -> int:
+    return x
+
+
+def burn(seconds: float) -> float:
+    """Spend ``seconds`` of this thread's CPU time."""
+    end = time.thread_time() + seconds
+    while time.thread_time() < end:
+        pass
+    return seconds
