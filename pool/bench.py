@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import multiprocessing
 import os
 import random
@@ -76,6 +77,7 @@ FIGURES: Final = [
         True,
     ),
     Figure("pss", "PSS per idle worker", "MB", True),
+    Figure("extra", "PSS per extra idle worker", "MB", True),
     Figure("replace", "kill to replacement p50", "ms", True),
 ]
 
@@ -203,6 +205,32 @@ def pss_mb(pid: int) -> float:
     raise RuntimeError(f"no Pss for pid {pid}")
 
 
+def _descendants(pid: int) -> list[int]:
+    found = []
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        with contextlib.suppress(OSError):
+            for child in (task / "children").read_text().split():
+                found += [int(child), *_descendants(int(child))]
+    return found
+
+
+def _extra_worker_mb(make: Callable[[int], Any], workers: int) -> float:
+    """What each worker past ``workers`` adds to the PSS of every process
+    this one started (pool processes, their zygote, helpers): the pool's
+    total at twice ``workers`` less its total at ``workers``, per worker.
+    Shared pages count once in a total, however many share them."""
+    totals = []
+    for size in (workers, 2 * workers):
+        with make(size) as (executor, _):
+            executor.submit(noop).result()
+            total = 0.0
+            for pid in _descendants(os.getpid()):
+                with contextlib.suppress(OSError, RuntimeError):
+                    total += pss_mb(pid)
+            totals.append(total)
+    return (totals[1] - totals[0]) / workers
+
+
 def _pool_up_ready(workers: int) -> float:
     namespace = f"bench-{os.getpid()}-{random.randrange(1 << 30):x}"
     started = time.perf_counter()
@@ -285,7 +313,7 @@ def run(settings: Settings, console: Console) -> dict[str, dict[str, float]]:
         samples[name].setdefault(key, []).append(value)
 
     own_pool = settings.namespace is None
-    steps_per_pool = 5 + (2 if own_pool else 0)
+    steps_per_pool = 5 + (3 if own_pool else 0)
     total = settings.runs * (len(names) * steps_per_pool + 1 + own_pool * 2)
     with Progress(console=console, transient=True) as progress:
         bar = progress.add_task("benchmarking", total=total)
@@ -322,6 +350,10 @@ def run(settings: Settings, console: Console) -> dict[str, dict[str, float]]:
                         )
                 progress.advance(bar)
                 if own_pool:
+                    step(f"{name}: memory per extra worker")
+                    sized = lambda n, name=name: _opener(name, n, None)()  # noqa: E731
+                    note(name, "extra", _extra_worker_mb(sized, settings.workers))
+                    progress.advance(bar)
                     step(f"{name}: CPU-bound on {CPU_WORKERS} workers")
                     note(name, "cpu", _cpu_ratio(_opener(name, CPU_WORKERS, None)))
                     progress.advance(bar)
