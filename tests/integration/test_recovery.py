@@ -9,13 +9,14 @@ import signal
 import subprocess
 import sys
 import threading
+from pathlib import Path
 
 import pytest
 
 from discovery import list_workers, paths
 from pool import Client, Pool, WorkerLost
 from tests import sample_tasks
-from tests.helpers import ROOT, wait_until
+from tests.helpers import ROOT, children_of, wait_until
 from tests.pools import RunningPool, processes_mentioning, running_pool
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
@@ -66,17 +67,22 @@ def test_poison_task_fails_after_max_attempts() -> None:
 def test_sigkilled_supervisor_leaves_nothing_running_and_is_replaced(
     namespace: str,
 ) -> None:
-    """SIGKILL the supervisor: its workers and dispatcher exit by themselves
-    within seconds; a new `pool up` on the namespace reclaims what the dead
-    pool left, serves, and leaves nothing when it stops."""
+    """SIGKILL the supervisor: its workers, its dispatcher and its zygote
+    (and multiprocessing's resource tracker) exit by themselves within
+    seconds; a new `pool up` on the namespace reclaims what the dead pool
+    left, serves, and leaves nothing when it stops."""
     first = RunningPool(namespace, "--workers", "2")
     try:
+        zygote = int(first.wait_for("zygote-ready ").split("pid=")[1])
         first.wait_for("ready ")
         children = [p for p in processes_mentioning(namespace) if p != first.proc.pid]
         assert len(children) == 3  # a dispatcher and two workers
+        helpers = [p for p in children_of(first.proc.pid) if p not in children]
+        assert zygote in helpers and len(helpers) == 2  # and the resource tracker
         os.kill(first.proc.pid, signal.SIGKILL)
         first.proc.wait(10)
         wait_until(lambda: processes_mentioning(namespace) == [], 10)
+        wait_until(lambda: not any(_running(p) for p in helpers), 10)
         assert (paths.SHM_DIR / paths.segment_name(namespace)).exists()  # stale
     finally:
         first.close()
@@ -135,3 +141,12 @@ def test_children_start_cleanly_in_a_program_that_imported_grpc_first() -> None:
     )
     assert "Fatal Python error" not in run.stderr, run.stderr[-3000:]
     assert run.returncode == 0 and run.stdout.strip() == "replaced 64", run.stderr
+
+
+def _running(pid: int) -> bool:
+    """Whether ``pid`` runs (a zombie, dead but not yet reaped, does not)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"

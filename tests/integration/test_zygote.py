@@ -6,6 +6,8 @@ from __future__ import annotations
 import ctypes
 import os
 import signal
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -14,7 +16,7 @@ import pytest
 from discovery import list_workers
 from pool import Client
 from tests import sample_tasks
-from tests.helpers import wait_until
+from tests.helpers import ROOT, wait_until
 from tests.pools import RunningPool, running_pool
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
@@ -162,3 +164,32 @@ def test_workers_start_the_slow_way_until_a_dead_zygote_is_back(
         wait_until(one_new, timeout_s=30)
         (new,) = {w.pid for w in list_workers(namespace)} - before
         assert ppid_of(new) == zygote
+
+
+def test_a_script_without_a_main_guard_is_not_run_again_in_the_workers(
+    tmp_path: Path,
+) -> None:
+    """Unlike ProcessPoolExecutor under spawn or forkserver, the workers do
+    not import the caller's __main__: a script that starts a pool at its
+    top level runs once, and its tasks run."""
+    script = tmp_path / "unguarded.py"
+    marker = tmp_path / "runs"
+    script.write_text(
+        "import pool\n"
+        "from tests import sample_tasks\n"
+        f"with open({str(marker)!r}, 'a') as out:\n"
+        "    out.write('ran\\n')\n"
+        "with pool.Pool(workers=2) as client:\n"
+        "    print(sum(client.map(sample_tasks.square, range(10))))\n"
+    )
+    run = subprocess.run(
+        [sys.executable, str(script)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.strip() == "285"
+    assert marker.read_text() == "ran\n"
