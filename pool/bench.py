@@ -402,9 +402,9 @@ def table(results: dict[str, dict[str, float]], settings: Settings) -> Table:
                     f"{ratio(figure, ours[figure.key], theirs):.2f}x",
                 ]
         grid.add_row(*row)
-    notes = ["tasks are no-ops but for the CPU row; mp.Pool is multiprocessing.Pool"]
+    notes = ["tasks are no-ops but for the CPU row"]
     if peers:
-        notes.append("its map row is imap (its default chunksize, 1)")
+        notes.append("mp.Pool is multiprocessing.Pool, and its map row is imap")
     if "floor" in ours and "rtt" in ours:
         notes.append(f"round trip / floor: {ours['rtt'] / ours['floor']:.2f}x")
     grid.caption = "; ".join(notes)
