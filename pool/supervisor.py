@@ -57,7 +57,7 @@ from pool.connection import ADDRESS_FILE
 from pool.errors import PoolAlreadyRunning
 from pool.routing import MAX_QUEUED
 from pool.view import View
-from pool.zygote import Zygote, ZygoteUnavailable
+from pool.zygote import Zygote, ZygoteUnavailable, sweep_temp_dirs
 from workers import auth
 from workers.offload import in_daemon_thread
 from workers.tasks import MAX_ARGS_BYTES
@@ -160,6 +160,7 @@ class Supervisor:
                 raise PoolAlreadyRunning(ns, exc.pid) from None
             try:
                 await in_daemon_thread(sweep_dead)  # other pools' leftovers
+                await in_daemon_thread(sweep_temp_dirs)
                 auth.create_token(ns)
                 self._parent_fd = os.pidfd_open(os.getpid())
                 await warming

@@ -31,15 +31,76 @@ import io
 import os
 import select
 import shlex
+import shutil
 import signal
 import sys
 from collections.abc import Callable, Mapping, Sequence
-from multiprocessing import context, forkserver, process, reduction, resource_tracker
+from multiprocessing import (
+    context,
+    forkserver,
+    process,
+    reduction,
+    resource_tracker,
+    util,
+)
 from typing import Final
 
 import setproctitle
 
+from discovery import paths
+
 PRELOAD: Final = ["workers.preload"]
+
+
+# multiprocessing keeps the forkserver's socket in a temporary directory
+# (``/tmp/pymp-*``), removed at exit, and left behind by a process that is
+# killed. This process's goes in the runtime directory instead, named after
+# it, and the next pool to start removes those of dead processes.
+TEMP_PREFIX: Final = "mp-"
+
+
+def use_private_temp_dir() -> None:
+    """Give this process's ``multiprocessing`` a temporary directory in the
+    runtime directory, unless it has one already; it is removed at exit."""
+    config = process.current_process()._config  # type: ignore[attr-defined]
+    if config.get("tempdir") is not None:
+        return
+    path = paths.runtime_dir() / f"{TEMP_PREFIX}{os.getpid()}"
+    path.mkdir(mode=0o700, exist_ok=True)
+    config["tempdir"] = str(path)
+    # As multiprocessing registers its own: after every other finalizer.
+    util.Finalize(None, _remove_temp_dir, args=(str(path),), exitpriority=-100)
+
+
+def _remove_temp_dir(path: str) -> None:
+    shutil.rmtree(path, ignore_errors=True)
+    if (current := process.current_process()) is not None:
+        current._config["tempdir"] = None  # type: ignore[attr-defined]
+
+
+def sweep_temp_dirs() -> None:
+    """Remove the temporary directories of dead processes (see
+    :func:`use_private_temp_dir`). Never raises."""
+    with contextlib.suppress(OSError):
+        for entry in os.scandir(paths.runtime_dir()):
+            name = entry.name
+            if not name.startswith(TEMP_PREFIX) or not entry.is_dir(
+                follow_symlinks=False
+            ):
+                continue
+            pid = name[len(TEMP_PREFIX) :]
+            if pid.isdigit() and not _alive(int(pid)):
+                shutil.rmtree(entry.path, ignore_errors=True)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 class ZygoteUnavailable(RuntimeError):
@@ -129,6 +190,7 @@ class Zygote:
         :raises ZygoteUnavailable: if it cannot start or fork.
         """
         try:
+            use_private_temp_dir()
             await asyncio.to_thread(self._server.ensure_running)
             self.pid = self._server._forkserver_pid or 0  # type: ignore[attr-defined]
             self._close_pidfd()
