@@ -192,8 +192,9 @@ class Supervisor:
         async with asyncio.TaskGroup() as group:
             self._group = group
             self._spawn(self._follow())
+            restarting = None
             if self._zygote is not None:
-                self._spawn(self._zygote.watch())
+                restarting = self._spawn(self._zygote.watch())
             try:
                 await self._start_all()
                 await self._until_registered()
@@ -208,23 +209,26 @@ class Supervisor:
                 await stop.wait()
             finally:
                 self._stopping = True
+                if restarting is not None:  # children are no longer replaced
+                    restarting.cancel()
                 self.view.note("stopping", namespace=self.options.namespace)
                 await self._stop_all(kill_now)
                 for task in self._background:
                     task.cancel()
 
-    def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
+    def _spawn(self, coro: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
         """Run ``coro`` in the pool's task group, cancelled when it stops."""
         assert self._group is not None
         task = self._group.create_task(coro)
         self._background.add(task)
         task.add_done_callback(self._background.discard)
+        return task
 
     # -- starting ------------------------------------------------------------
 
     async def _start_all(self) -> None:
         opts = self.options
-        common = ["--namespace", opts.namespace, "--parent-fd", str(self._parent_fd)]
+        common = ["--namespace", opts.namespace]  # (and the descriptors: _start)
         host = ["--host", opts.host] if opts.host else []
         dispatcher = Child(
             "dispatcher",

@@ -1,4 +1,5 @@
-"""What the zygote (:mod:`pool.zygote`) imports, before it forks anything.
+"""What the zygote (:mod:`pool.zygote`) imports, before it forks anything;
+nothing else imports it.
 
 gRPC must not install fork handlers in a process that forks pool processes:
 they crash a child forked while gRPC's threads run, and the zygote never
@@ -10,7 +11,14 @@ collector's reach: a collection in a child would otherwise write to every
 page it visits and so copy it.
 """
 
+import contextlib
 import os
+
+# A session of its own, as every other pool process has: a signal sent to
+# the supervisor's process group (a terminal's, `timeout`'s, a service
+# manager's) is for the supervisor, which stops the pool in order.
+with contextlib.suppress(OSError):
+    os.setsid()
 
 os.environ["GRPC_ENABLE_FORK_SUPPORT"] = "0"
 # gRPC's INFO lines (a GOAWAY from each worker that stops) are not for users.
