@@ -48,8 +48,11 @@ CONNECT_TIMEOUT_S: Final = 30.0
 
 # map's adaptive chunks (see Client.map): the first calls go one per task,
 PROBE_CALLS: Final = 8
-# and the first of them to answer within this long says how long a call runs;
+# and the first of them to answer says how long a call runs, unless one has
+# run this long without an answer (a long call: one per task, then); a pool
+# slow to take them (busy, or starting) is waited for up to PROBE_MAX_S;
 PROBE_WAIT_S: Final = 0.05
+PROBE_MAX_S: Final = 1.0
 # then the rest go in chunks that run about this long in the worker (a task
 # costs about 0.2 ms of CPU over the three processes it crosses),
 CHUNK_TARGET_S: Final = 0.002
@@ -333,9 +336,9 @@ class Client(concurrent.futures.Executor):
         ``chunksize`` calls travel and run as one task (1: a task per call,
         as ``ProcessPoolExecutor`` does by default). By default the size
         adapts: the first calls go one per task, and once one has answered
-        (or :data:`PROBE_WAIT_S` has passed) the rest go in chunks that run
-        about :data:`CHUNK_TARGET_S` each, or one per task if calls are
-        longer. A chunk's calls keep their own values and exceptions, and a
+        (or one has run :data:`PROBE_WAIT_S` unanswered) the rest go in
+        chunks that run about :data:`CHUNK_TARGET_S` each, or one per task
+        if calls are longer. A chunk's calls keep their own values and exceptions, and a
         worker lost mid-chunk costs only that chunk, which runs again. With
         ``task_timeout_s`` the default is one call per task, so that the
         limit stays per call."""
@@ -398,16 +401,31 @@ def auto_chunksize(
 
 
 def _time_per_call(futures: list[concurrent.futures.Future[Any]]) -> float | None:
-    """How long one call took in the first chunk to answer, if one answers
-    within :data:`PROBE_WAIT_S`."""
-    done, _ = concurrent.futures.wait(
-        futures, PROBE_WAIT_S, concurrent.futures.FIRST_COMPLETED
-    )
-    for future in done:
-        if future.exception() is None:
-            chunk: tasks.ChunkResult = future.result()
-            return chunk.elapsed_s / max(1, len(chunk.values))
-    return None
+    """How long one call took in the first chunk to answer; None if one
+    ran :data:`PROBE_WAIT_S` without an answer (or none answered within
+    :data:`PROBE_MAX_S`). Waiting counts from when a worker took one, so
+    that a pool slow to take them is not mistaken for long calls."""
+    started = time.monotonic()
+    running_since = None
+    while True:
+        now = time.monotonic()
+        if running_since is None and any(f.running() for f in futures):
+            running_since = now
+        if running_since is not None:
+            left = running_since + PROBE_WAIT_S - now
+        else:  # look again soon for one taken
+            left = min(PROBE_WAIT_S / 5, started + PROBE_MAX_S - now)
+        if left <= 0 or now - started >= PROBE_MAX_S:
+            return None
+        done, _ = concurrent.futures.wait(
+            futures, left, concurrent.futures.FIRST_COMPLETED
+        )
+        for future in done:
+            if future.exception() is None:
+                chunk: tasks.ChunkResult = future.result()
+                return chunk.elapsed_s / max(1, len(chunk.values))
+        if done:
+            return None  # the probe failed: so will the rest, one by one
 
 
 def _call_bytes(calls: list[tuple[Any, ...]]) -> int:
@@ -581,8 +599,9 @@ async def _time_per_call_async(answers: list[asyncio.Future[Result]]) -> float |
     """:func:`_time_per_call` for :class:`AsyncClient`."""
     if not answers:
         return None
+    # (An asyncio client does not hear when a task is taken: it waits longer.)
     done, _ = await asyncio.wait(
-        answers, timeout=PROBE_WAIT_S, return_when=asyncio.FIRST_COMPLETED
+        answers, timeout=4 * PROBE_WAIT_S, return_when=asyncio.FIRST_COMPLETED
     )
     for answer in done:
         with contextlib.suppress(Exception):
