@@ -377,8 +377,13 @@ def ratio(figure: Figure, ours: float, theirs: float) -> float:
 
 def table(results: dict[str, dict[str, float]], settings: Settings) -> Table:
     peers = [name for name in results if name != OURS]
+    pool = (
+        f"{settings.workers} workers"
+        if settings.namespace is None
+        else f"the pool of namespace {settings.namespace!r}"
+    )
     title = (
-        f"{settings.workers} workers, median of {settings.runs} run(s); "
+        f"{pool}, median of {settings.runs} run(s); "
         "ratio: how many times better shm-pool is"
     )
     grid = Table(title=title, title_justify="left")
