@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import ast
 import asyncio
+import importlib.util
 import os
 import select
 import signal
@@ -236,6 +237,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
         raise UsageError("--workers, --runs and --tasks must be at least 1")
     if args.chart and not args.peers:
         raise UsageError("--chart draws the ratios to the peers: add --peers")
+    if args.chart and importlib.util.find_spec("matplotlib") is None:
+        raise UsageError("--chart needs matplotlib: pip install 'shm-pool[bench]'")
     if args.namespace is not None:
         Client(args.namespace).shutdown()  # a clear error if it is not running
     settings = bench.Settings(
