@@ -43,11 +43,13 @@ from multiprocessing import (
     resource_tracker,
     util,
 )
+from pathlib import Path
 from typing import Final
 
 import setproctitle
 
 from discovery import paths
+from discovery.liveness import pid_namespace
 
 PRELOAD: Final = ["workers.preload"]
 
@@ -55,8 +57,15 @@ PRELOAD: Final = ["workers.preload"]
 # multiprocessing keeps the forkserver's socket in a temporary directory
 # (``/tmp/pymp-*``), removed at exit, and left behind by a process that is
 # killed. This process's goes in the runtime directory instead, named after
-# it, and the next pool to start removes those of dead processes.
+# its pid namespace and pid, and the next pool to start removes those of
+# dead processes.
 TEMP_PREFIX: Final = "mp-"
+
+
+def temp_dir_of(pid: int) -> Path:
+    """The temporary directory :func:`use_private_temp_dir` gives process
+    ``pid`` (of this pid namespace)."""
+    return paths.runtime_dir() / f"{TEMP_PREFIX}{pid_namespace()}-{pid}"
 
 
 def use_private_temp_dir() -> None:
@@ -65,7 +74,7 @@ def use_private_temp_dir() -> None:
     config = process.current_process()._config  # type: ignore[attr-defined]
     if config.get("tempdir") is not None:
         return
-    path = paths.runtime_dir() / f"{TEMP_PREFIX}{os.getpid()}"
+    path = temp_dir_of(os.getpid())
     path.mkdir(mode=0o700, exist_ok=True)
     config["tempdir"] = str(path)
     # As multiprocessing registers its own: after every other finalizer.
@@ -88,8 +97,10 @@ def sweep_temp_dirs() -> None:
                 follow_symlinks=False
             ):
                 continue
-            pid = name[len(TEMP_PREFIX) :]
-            if pid.isdigit() and not _alive(int(pid)):
+            pidns, _, pid = name[len(TEMP_PREFIX) :].partition("-")
+            # (Another pid namespace's, such as a container's, is not ours to
+            # judge.)
+            if pidns == str(pid_namespace()) and pid.isdigit() and not _alive(int(pid)):
                 shutil.rmtree(entry.path, ignore_errors=True)
 
 

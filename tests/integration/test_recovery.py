@@ -87,7 +87,7 @@ def test_sigkilled_supervisor_leaves_nothing_running_and_is_replaced(
         assert (paths.SHM_DIR / paths.segment_name(namespace)).exists()  # stale
     finally:
         first.close()
-    leftover = paths.runtime_dir() / f"{zygote_module.TEMP_PREFIX}{first.proc.pid}"
+    leftover = zygote_module.temp_dir_of(first.proc.pid)
     assert leftover.is_dir()  # multiprocessing's temporary directory, for the zygote
     with running_pool(namespace, "--workers", "2"), Client(namespace) as client:
         assert client.submit(sample_tasks.square, 7).result(timeout=30) == 49

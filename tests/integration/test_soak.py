@@ -142,5 +142,5 @@ def test_soak_start_kill_restart_leaves_nothing(namespace: str) -> None:
         p.name for p in Path("/dev/shm").iterdir() if p.name.startswith("shmp-")
     ]
     # (This process's own multiprocessing directory, in use, aside.)
-    ours = paths.runtime_dir() / f"{zygote.TEMP_PREFIX}{os.getpid()}"
+    ours = zygote.temp_dir_of(os.getpid())
     assert not [p for p in paths.runtime_dir().iterdir() if p != ours]
