@@ -304,8 +304,10 @@ class Supervisor:
         """Fork the child from the zygote; while it is down, start a fresh
         interpreter instead (slower, and otherwise the same)."""
         if self._zygote is not None and self._zygote.ready:
-            with contextlib.suppress(ZygoteUnavailable):
+            try:
                 return await self._zygote.spawn(f"{child.module}:main", child.argv, fds)
+            except ZygoteUnavailable as exc:
+                self.view.note("zygote-failed", name=child.name, error=str(exc))
         argv = [sys.executable, "-m", child.module, *child.argv]
         for option, fd in fds.items():
             argv += [option, str(fd)]

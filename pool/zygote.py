@@ -247,8 +247,9 @@ class Zygote:
         try:
             return await self._fork(entry, argv, fds)
         except (OSError, EOFError) as exc:
-            self.ready = False
-            raise ZygoteUnavailable(f"the zygote did not fork: {exc}") from exc
+            if _exited(self._pidfd):  # else this one failed, not the zygote
+                self.ready = False  # (and watch starts another)
+            raise ZygoteUnavailable(f"the zygote did not fork: {exc!r}") from exc
 
     async def _fork(
         self, entry: str | None, argv: Sequence[str], fds: Mapping[str, int]

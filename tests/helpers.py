@@ -43,6 +43,15 @@ class LineReader:
         self.seen.append(line)
         return line
 
+    def drain(self) -> list[str]:
+        """Every line already read (without waiting), noted as seen."""
+        taken = []
+        with contextlib.suppress(queue.Empty):
+            while True:
+                taken.append(self._lines.get_nowait())
+        self.seen += taken
+        return taken
+
     def wait_for(self, prefix: str, timeout_s: float = DEADLINE_S) -> str:
         """The next line starting with ``prefix``, within the deadline."""
         deadline = time.monotonic() + timeout_s

@@ -98,7 +98,9 @@ def test_forked_workers_inherit_nothing_through_64_replacements(
 
                 wait_until(replaced, timeout_s=60)
                 for pid in {w.pid for w in list_workers(namespace)}:
-                    assert ppid_of(pid) == zygote, "not forked by the zygote"
+                    up.lines.drain()
+                    notes = [line for line in up.lines.seen if "zygote" in line]
+                    assert ppid_of(pid) == zygote, notes
                     assert list(inherited(pid, [zygote, supervisor])) == []
                     assert os.readlink(f"/proc/{pid}/fd/0") == "/dev/null"
             assert list(busy) == [x * x for x in range(3000)]
