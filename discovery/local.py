@@ -57,7 +57,7 @@ class LocalDiscovery:
         exclusive: bool = False,
     ) -> None:
         self._namespace = paths.validate_namespace(
-            namespace or f"pool-{uuid4().hex[:12]}"
+            f"pool-{uuid4().hex[:12]}" if namespace is None else namespace
         )
         if capacity < 1:
             raise ValueError(f"capacity must be at least 1, got {capacity}")

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 # Each name is imported from its module on first use (PEP 562): the zygote
 # imports the dispatcher without the clients, the supervisor and rich.
 _HOMES: dict[str, str] = {
+    "__version__": "discovery",
     "AsyncClient": "pool.client",
     "Client": "pool.client",
     "Pool": "pool.embedded",
@@ -40,6 +41,7 @@ _HOMES: dict[str, str] = {
 }
 
 if TYPE_CHECKING:
+    from discovery import __version__
     from pool.client import AsyncClient, Client
     from pool.embedded import Pool
     from pool.errors import (
@@ -95,4 +97,5 @@ __all__ = [
     "TaskIdReused",
     "TaskTimeout",
     "WorkerLost",
+    "__version__",
 ]

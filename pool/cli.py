@@ -22,6 +22,7 @@ from typing import Any
 import grpc
 import uvloop
 
+import discovery
 from discovery import DiscoveryError, Subscriber, list_workers, owner_pid, paths
 from pool.client import Client
 from pool.connection import locate
@@ -44,10 +45,13 @@ class UsageError(Exception):
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="python -m pool",
+        prog="pool",
         description="A local worker pool whose workers find each other through "
         "shared memory. Start one with `up`, use it with `submit` or "
         "pool.Client, stop it with `down` (or Ctrl-C).",
+    )
+    parser.add_argument(
+        "--version", action="version", version=f"%(prog)s {discovery.__version__}"
     )
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 

@@ -168,6 +168,12 @@ def test_default_namespace_is_fresh() -> None:
     assert a.namespace != b.namespace and a.namespace.startswith("pool-")
 
 
+def test_an_empty_namespace_is_refused_not_replaced() -> None:
+    """Only None means "make one up": an empty name is a mistake."""
+    with pytest.raises(ValueError, match="it is empty"):
+        LocalDiscovery("")
+
+
 async def test_subscriber_poll_finds_change_without_notification(
     namespace: str,
 ) -> None:
