@@ -24,6 +24,7 @@ import uvloop
 
 import discovery
 from discovery import DiscoveryError, Subscriber, list_workers, owner_pid, paths
+from discovery.errors import InvalidNamespace
 from pool.client import Client
 from pool.connection import locate
 from pool.dispatcher_pb2 import ListWorkersRequest
@@ -223,11 +224,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     run: Callable[[argparse.Namespace], int] = args.run
     try:
         if args.namespace is not None:  # (`bench` has none by default)
-            paths.validate_namespace(args.namespace)
+            try:
+                paths.validate_namespace(args.namespace)
+            except InvalidNamespace as exc:
+                raise UsageError(str(exc)) from None
         return run(args)
     except KeyboardInterrupt:
         return 130
-    except (PoolError, DiscoveryError, TaskError, UsageError, OSError) as exc:
+    except UsageError as exc:  # argparse's convention: 2 for how it was called
+        print(f"pool: error: {exc}", file=sys.stderr)
+        return 2
+    except (PoolError, DiscoveryError, TaskError, OSError) as exc:
         print(f"pool: error: {exc}", file=sys.stderr)
         return 1
 
@@ -330,6 +337,8 @@ def _literal(text: str) -> Any:
 
 
 def cmd_workers(args: argparse.Namespace) -> int:
+    if owner_pid(args.namespace) is None:
+        raise PoolNotRunning(args.namespace)
     infos = sorted(list_workers(args.namespace), key=lambda info: info.pid)
     routing = _dispatcher_view(args.namespace)
     columns = ["pid", "uid", "address", "status", "running", "done"]
@@ -395,7 +404,8 @@ def cmd_watch(args: argparse.Namespace) -> int:
 def cmd_down(args: argparse.Namespace) -> int:
     pid = owner_pid(args.namespace)
     if pid is None:
-        raise PoolNotRunning(args.namespace)
+        print(f"nothing to stop: no pool is running in namespace {args.namespace!r}")
+        return 0
     fd = os.pidfd_open(pid)
     try:
         os.kill(pid, signal.SIGTERM)

@@ -179,10 +179,12 @@ def test_the_dispatcher_serves_clients_only(namespace: str) -> None:
 
 
 def test_cli_errors_are_one_line(namespace: str) -> None:
-    """Without a pool, commands fail with one clear line and exit 1."""
+    """Without a pool, commands fail with one line naming the next step and
+    exit 1; `down` has nothing to stop and exits 0; a usage error exits 2
+    (argparse's convention), still in one line."""
     for args in (
         ["submit", "-n", namespace, "math:sqrt", "4"],
-        ["down", "-n", namespace],
+        ["workers", "-n", namespace],
     ):
         done = pool_command(*args)
         assert done.returncode == 1
@@ -190,9 +192,21 @@ def test_cli_errors_are_one_line(namespace: str) -> None:
             f"pool: error: no pool is running in namespace {namespace!r}; start one "
             f"with `python -m pool up --namespace {namespace}`\n"
         )
-    bad = pool_command("workers", "-n", "../etc")
-    assert bad.returncode == 1 and bad.stderr.startswith(
-        "pool: error: invalid namespace"
+    down = pool_command("down", "-n", namespace)
+    assert (down.returncode, down.stderr) == (0, "")
+    assert (
+        down.stdout
+        == f"nothing to stop: no pool is running in namespace {namespace!r}\n"
+    )
+    for args in (["workers", "-n", "../etc"], ["up", "-n", ""]):
+        bad = pool_command(*args)
+        assert bad.returncode == 2
+        assert bad.stderr.startswith("pool: error: invalid namespace")
+        assert bad.stderr.count("\n") == 1
+    none = pool_command("up", "-n", namespace, "--workers", "0")
+    assert none.returncode == 2
+    assert (
+        none.stderr == "pool: error: workers must be at least 1, got 0 (see --help)\n"
     )
     paths.remove_namespace_dir(namespace)
 
