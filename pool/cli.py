@@ -134,13 +134,20 @@ def build_parser() -> argparse.ArgumentParser:
     submit = commands.add_parser(
         "submit",
         help="run one task and print its result",
-        description="Run MODULE:FUNC(ARG, ...) in the pool and print the result's "
-        "repr. Each ARG is a Python literal: 42, 'text', [1, 2], {'a': 1}.",
+        description="Run MODULE:FUNC(ARG, ..., NAME=ARG, ...) in the pool and print "
+        "the result's repr. Each ARG is a Python literal: 42, 'text', [1, 2], "
+        "{'a': 1}; NAME=ARG passes it by keyword (after the positional ones). "
+        "Exits 1 if the task raises, saying what it raised.",
     )
     _namespace(submit)
     submit.add_argument("function", metavar="MODULE:FUNC")
     submit.add_argument("args", nargs="*", metavar="ARG")
-    submit.add_argument("--timeout-s", type=float, help="fail the task after this")
+    submit.add_argument(
+        "--timeout-s",
+        type=float,
+        metavar="SECONDS",
+        help="fail the task if it runs longer than this (default: no limit)",
+    )
     submit.set_defaults(run=cmd_submit)
 
     workers = commands.add_parser(
@@ -312,19 +319,43 @@ async def _up(options: Options, view: View) -> None:
 
 
 def cmd_submit(args: argparse.Namespace) -> int:
-    values = [_literal(text) for text in args.args]
+    positional, keywords = _call(args.args)
     client = Client(args.namespace, task_timeout_s=args.timeout_s)
     try:
-        result = client.submit(args.function, *values).result()
+        result = client.submit(args.function, *positional, **keywords).result()
     except (PoolError, BadTask):
         raise
-    except Exception as exc:
-        print(f"pool: the task raised {type(exc).__name__}: {exc}", file=sys.stderr)
+    except (Exception, SystemExit) as exc:  # (the task's own SystemExit too)
+        text = " ".join(str(exc).split())
+        print(f"pool: the task raised {type(exc).__name__}: {text}", file=sys.stderr)
         return 1
     finally:
         client.shutdown()
-    print(repr(result))
+    sys.set_int_max_str_digits(0)  # the whole number, however long
+    try:
+        printed = repr(result)
+    except Exception as exc:
+        raise PoolError(
+            f"the task's result (a {type(result).__name__}) cannot be printed: "
+            f"its repr raised {type(exc).__name__}"
+        ) from None
+    print(printed)
     return 0
+
+
+def _call(texts: Sequence[str]) -> tuple[list[Any], dict[str, Any]]:
+    """Positional and keyword arguments from ``ARG`` and ``NAME=ARG`` texts."""
+    positional: list[Any] = []
+    keywords: dict[str, Any] = {}
+    for text in texts:
+        name, equals, value = text.partition("=")
+        if equals and name.isidentifier():
+            keywords[name] = _literal(value)
+        elif keywords:
+            raise UsageError(f"positional argument {text!r} follows a keyword one")
+        else:
+            positional.append(_literal(text))
+    return positional, keywords
 
 
 def _literal(text: str) -> Any:

@@ -149,3 +149,12 @@ def fail_on(bad: int, x: int) -> int:
     if x == bad:
         raise ValueError(f"{x} is bad")
     return x
+
+
+def call(*args: object, **kwargs: object) -> str:
+    """How it was called, as text."""
+    return f"{args} {sorted(kwargs.items())}"
+
+
+def exit_with(code: int) -> None:
+    raise SystemExit(code)

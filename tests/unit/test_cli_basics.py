@@ -38,3 +38,16 @@ def test_the_console_script_runs_the_command_line() -> None:
     )
     assert run.returncode == 0
     assert run.stdout.startswith("usage: pool ")
+
+
+def test_submit_takes_positional_then_keyword_literals() -> None:
+    from pool.cli import UsageError, _call
+
+    assert _call(["1", "'a=b'", "x=[1, 2]", "y={'k': None}"]) == (
+        [1, "a=b"],
+        {"x": [1, 2], "y": {"k": None}},
+    )
+    with pytest.raises(UsageError, match="follows a keyword one"):
+        _call(["x=1", "2"])
+    with pytest.raises(UsageError, match="is not a Python literal"):
+        _call(["x=oops"])
