@@ -154,22 +154,44 @@ def build_parser() -> argparse.ArgumentParser:
         "workers",
         help="list the registered workers (read from shared memory), with what "
         "the dispatcher has sent each and has queued",
+        description="List the workers registered in NAMESPACE's shared memory, "
+        "one line each (a table on a terminal): pid, address, status, tasks "
+        "running and done, and how many the dispatcher has sent each; then "
+        "how many tasks wait in the dispatcher.",
     )
     _namespace(workers)
     workers.set_defaults(run=cmd_workers)
 
     watch = commands.add_parser(
-        "watch", help="print worker events as they happen (Ctrl-C to stop)"
+        "watch",
+        help="print worker events as they happen (Ctrl-C to stop)",
+        description="Print each worker-added, worker-updated and worker-dropped "
+        "event of NAMESPACE as it happens, one line each, until Ctrl-C. A "
+        "namespace with no pool yet is waited for.",
     )
     _namespace(watch)
+    watch.add_argument(
+        "--timeout-s",
+        type=float,
+        metavar="SECONDS",
+        help="stop after this long; exit 1 if no pool showed a worker by then "
+        "(default: until Ctrl-C)",
+    )
     watch.set_defaults(run=cmd_watch)
 
-    down = commands.add_parser("down", help="drain and stop a running pool")
+    down = commands.add_parser(
+        "down",
+        help="drain and stop a running pool",
+        description="Ask the pool of NAMESPACE to drain and stop (as Ctrl-C on "
+        "`pool up` does), and wait until it has. With no pool running there is "
+        "nothing to stop: it says so and exits 0.",
+    )
     _namespace(down)
     down.add_argument(
         "--timeout-s",
         type=float,
         default=DOWN_TIMEOUT_S,
+        metavar="SECONDS",
         help="how long to wait for it to stop (default 60)",
     )
     down.set_defaults(run=cmd_down)
@@ -421,14 +443,24 @@ def _dispatcher_view(namespace: str) -> tuple[dict[str, int], int] | None:
 
 def cmd_watch(args: argparse.Namespace) -> int:
     view = PlainView()
+    seen = 0
 
     async def follow() -> None:
-        async for event in Subscriber(args.namespace):
-            view.event(event)
+        nonlocal seen
+        async with asyncio.timeout(args.timeout_s):
+            async for event in Subscriber(args.namespace):
+                seen += 1
+                view.event(event)
 
     if owner_pid(args.namespace) is None:
         print(f"waiting for a pool in namespace {args.namespace!r}", file=sys.stderr)
-    uvloop.run(follow())
+    try:
+        uvloop.run(follow())
+    except TimeoutError:
+        if not seen:
+            raise PoolNotRunning(
+                args.namespace, f"none started within {args.timeout_s:g} s"
+            ) from None
     return 0
 
 

@@ -205,6 +205,13 @@ def test_cli_errors_are_one_line(namespace: str) -> None:
             f"pool: error: no pool is running in namespace {namespace!r}; start one "
             f"with `python -m pool up --namespace {namespace}`\n"
         )
+    watch = pool_command("watch", "-n", namespace, "--timeout-s", "0.5")
+    assert watch.returncode == 1
+    assert watch.stderr == (
+        f"waiting for a pool in namespace {namespace!r}\n"
+        f"pool: error: no pool is running in namespace {namespace!r} (none started "
+        f"within 0.5 s); start one with `python -m pool up --namespace {namespace}`\n"
+    )
     down = pool_command("down", "-n", namespace)
     assert (down.returncode, down.stderr) == (0, "")
     assert (
