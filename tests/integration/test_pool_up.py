@@ -48,12 +48,12 @@ def test_pool_up_runs_tasks_and_every_command(namespace: str) -> None:
         called = pool_command(
             "submit", "-n", namespace, "tests.sample_tasks:call", "1", "b='x'", "c=[2]"
         )
-        assert called.stdout == "(1,) [('b', 'x'), ('c', [2])]\n"
+        assert called.stdout == repr("(1,) [('b', 'x'), ('c', [2])]") + "\n"
         huge = pool_command("submit", "-n", namespace, "math:factorial", "2000")
         assert huge.returncode == 0 and len(huge.stdout.strip()) == 5736
         for args, said in (
             (["tests.sample_tasks:exit_with", "3"], "SystemExit: 3"),
-            (["tests.sample_tasks:fail", "'two\nlines'"], "ValueError: two lines"),
+            (["tests.sample_tasks:fail", "'two\\nlines'"], "ValueError: two lines"),
         ):
             failed = pool_command("submit", "-n", namespace, *args)
             assert failed.returncode == 1
