@@ -150,20 +150,27 @@ class Supervisor:
         ns, opts = self.options.namespace, self.options
         capacity = max(opts.capacity, 2 * opts.workers)
         registry = LocalDiscovery(ns, capacity=capacity, exclusive=True)
-        # The zygote's imports take the longest: they run meanwhile.
         zygote = Zygote(lambda what, pid: self.view.note(f"zygote-{what}", pid=pid))
-        warming = asyncio.create_task(self._warm(zygote))
+        entered, owner = False, 0
         try:
             try:
-                await in_daemon_thread(registry.__enter__)  # may wait for the lock
-            except NamespaceInUse as exc:
-                raise PoolAlreadyRunning(ns, exc.pid) from None
+                async with asyncio.TaskGroup() as starting:
+                    # The zygote's imports take the longest: they run meanwhile.
+                    starting.create_task(self._warm(zygote))
+                    try:
+                        await in_daemon_thread(registry.__enter__)  # may wait
+                        entered = True
+                    except NamespaceInUse as exc:
+                        owner = exc.pid
+            except BaseExceptionGroup as group:
+                raise _first_error(group) from None
+            if not entered:
+                raise PoolAlreadyRunning(ns, owner)
             try:
                 await in_daemon_thread(sweep_dead)  # other pools' leftovers
                 await in_daemon_thread(sweep_temp_dirs)
                 auth.create_token(ns)
                 self._parent_fd = os.pidfd_open(os.getpid())
-                await warming
                 try:
                     await self._supervise(stop, kill_now)
                 except BaseExceptionGroup as group:
@@ -172,11 +179,9 @@ class Supervisor:
                 for fd in (self._parent_fd, self._control_fd):
                     if fd >= 0:
                         os.close(fd)
-                await in_daemon_thread(registry.close)  # (works at exit, too)
         finally:
-            warming.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await warming
+            if entered:
+                await in_daemon_thread(registry.close)  # (works at exit, too)
             await in_daemon_thread(zygote.close)
         self.view.note("stopped", namespace=ns)
 
