@@ -32,7 +32,13 @@ if TYPE_CHECKING:
     )
     from discovery.info import DiscoveryEvent, EventType, Status, WorkerInfo
     from discovery.local import LocalDiscovery, list_workers
-    from discovery.ownership import owner_pid, reclaim, sweep_dead
+    from discovery.ownership import (
+        NamespaceEntry,
+        namespaces,
+        owner_pid,
+        reclaim,
+        sweep_dead,
+    )
     from discovery.publisher import Publisher
     from discovery.subscriber import Subscriber, SubscriberStats
 
@@ -58,7 +64,9 @@ _HOMES = {
     "WorkerInfo": "discovery.info",
     "WorkerInfoTooLarge": "discovery.errors",
     "WorkerNotRegistered": "discovery.errors",
+    "NamespaceEntry": "discovery.ownership",
     "list_workers": "discovery.local",
+    "namespaces": "discovery.ownership",
     "owner_pid": "discovery.ownership",
     "reclaim": "discovery.ownership",
     "sweep_dead": "discovery.ownership",
@@ -81,6 +89,7 @@ __all__ = [
     "InvalidNamespace",
     "LocalDiscovery",
     "LockTimeout",
+    "NamespaceEntry",
     "NamespaceInUse",
     "NamespaceNotFound",
     "Publisher",
@@ -97,6 +106,7 @@ __all__ = [
     "WorkerInfoTooLarge",
     "WorkerNotRegistered",
     "list_workers",
+    "namespaces",
     "owner_pid",
     "reclaim",
     "sweep_dead",

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import logging
 import os
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Final, Self
 
@@ -154,6 +155,51 @@ def sweep_dead() -> list[str]:
         except (OSError, ValueError) as exc:
             log.warning("could not sweep %s: %s", entry.path, exc)
     return removed
+
+
+@dataclass(frozen=True)
+class NamespaceEntry:
+    """A namespace this user's runtime directory holds (``pool ls``)."""
+
+    namespace: str
+    owner_pid: int | None  # None: its owner is dead, and it is garbage
+    directory: Path
+    segment: Path
+    segment_exists: bool
+
+
+def namespaces() -> list[NamespaceEntry]:
+    """Every namespace in this user's runtime directory, live or left by a
+    dead pool, sorted by name. Never raises for one unreadable entry."""
+    found = []
+    try:
+        entries = list(os.scandir(paths.runtime_dir()))
+    except OSError:
+        return []
+    for entry in entries:
+        if not entry.name.startswith(paths.SEGMENT_PREFIX):
+            continue
+        directory = Path(entry.path)
+        held = _read_if_held(directory / OWNER_FILE)
+        namespace = held[1] if held is not None else _dead_namespace(directory)
+        if namespace is None:
+            continue
+        try:
+            if paths.namespace_key(namespace) != directory.name:
+                continue  # a file that lies about what its directory holds
+            segment = paths.SHM_DIR / paths.segment_name(namespace)
+        except ValueError:
+            continue
+        found.append(
+            NamespaceEntry(
+                namespace,
+                held[0] if held is not None else None,
+                directory,
+                segment,
+                segment.exists(),
+            )
+        )
+    return sorted(found, key=lambda e: e.namespace)
 
 
 def _dead_namespace(directory: Path) -> str | None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import ast
 import asyncio
+import contextlib
 import importlib.util
 import os
 import select
@@ -17,13 +18,23 @@ import signal
 import sys
 import uuid
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
 import grpc
 import uvloop
+from grpc import aio
 
 import discovery
-from discovery import DiscoveryError, Subscriber, list_workers, owner_pid, paths
+from discovery import (
+    DiscoveryError,
+    Subscriber,
+    list_workers,
+    namespaces,
+    owner_pid,
+    paths,
+    sweep_dead,
+)
 from discovery.errors import InvalidNamespace
 from pool.client import Client
 from pool.connection import locate
@@ -33,11 +44,13 @@ from pool.errors import PoolError, PoolNotRunning
 from pool.routing import MAX_QUEUED
 from pool.supervisor import Options, Supervisor
 from pool.view import LiveView, PlainView, View, describe, line
+from pool.zygote import sweep_temp_dirs
 from workers import auth
-from workers.lifecycle import LOOPBACK, MAX_ARGS_LIMIT
+from workers.lifecycle import LOOPBACK, MAX_ARGS_LIMIT, CannotListen, check_host
 from workers.tasks import MAX_ARGS_BYTES, BadTask, TaskError
 
 DOWN_TIMEOUT_S = 60.0
+TICK_S = 1.0  # how often `up` asks the dispatcher for its queue length
 
 
 class UsageError(Exception):
@@ -78,6 +91,21 @@ def build_parser() -> argparse.ArgumentParser:
         help="tasks each worker runs at once (default 1)",
     )
     up.add_argument("--tags", default="", help="comma-separated worker tags")
+    up.add_argument(
+        "--path",
+        action="append",
+        default=[],
+        metavar="DIR",
+        help="a directory workers import task modules from, before the rest "
+        "(repeatable; default: the directory `pool up` runs in)",
+    )
+    up.add_argument(
+        "--reload",
+        action="store_true",
+        help="a worker imports a task's module again when its source file has "
+        "changed, so an edit takes effect without a restart (only that module, "
+        "not the ones it imports)",
+    )
     up.add_argument(
         "--host",
         nargs="?",
@@ -196,6 +224,24 @@ def build_parser() -> argparse.ArgumentParser:
     )
     down.set_defaults(run=cmd_down)
 
+    ls = commands.add_parser(
+        "ls",
+        help="list this user's pools, and what dead ones left",
+        description="List every pool in this user's runtime directory: its "
+        "namespace, owner pid (or `dead` for leftovers of a pool that was "
+        "killed), workers, shared-memory segment and runtime directory, so a "
+        "segment seen in /dev/shm can be traced to its pool. Segments of this "
+        "user that no pool here names are listed too (another runtime "
+        "directory's, or a leak).",
+    )
+    ls.add_argument(
+        "--clean",
+        action="store_true",
+        help="remove what dead pools left (segments and files); live pools "
+        "are never touched",
+    )
+    ls.set_defaults(run=cmd_ls)
+
     bench = commands.add_parser(
         "bench",
         help="measure speed and memory, side by side with the standard pools",
@@ -252,7 +298,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     run: Callable[[argparse.Namespace], int] = args.run
     try:
-        if args.namespace is not None:  # (`bench` has none by default)
+        # (`bench` has none by default, and `ls` none at all)
+        if getattr(args, "namespace", None) is not None:
             try:
                 paths.validate_namespace(args.namespace)
             except InvalidNamespace as exc:
@@ -300,6 +347,11 @@ def cmd_bench(args: argparse.Namespace) -> int:
 def cmd_up(args: argparse.Namespace) -> int:
     if not 0 <= args.max_args_bytes <= MAX_ARGS_LIMIT:
         raise UsageError(f"--max-args-bytes must be 0 to {MAX_ARGS_LIMIT}")
+    if args.host is not None:
+        try:
+            check_host(args.host)
+        except CannotListen as exc:
+            raise UsageError(f"--host: {exc}") from None
     try:
         options = Options(
             namespace=args.namespace,
@@ -314,15 +366,36 @@ def cmd_up(args: argparse.Namespace) -> int:
             max_args_bytes=args.max_args_bytes,
             stuck_grace_s=args.stuck_grace_s,
             max_queued=args.max_queued,
+            capture_output=True,
+            paths=_import_paths(args.path),
+            reload=args.reload,
         )
     except ValueError as exc:
         raise UsageError(f"{exc} (see --help)") from None
-    view: View = LiveView(args.namespace) if sys.stdout.isatty() else PlainView()
+    view: View
+    if sys.stdout.isatty():
+        view = LiveView(args.namespace, paths=options.paths)
+    else:
+        view = PlainView()
     try:
         uvloop.run(_up(options, view))
     finally:
         view.close()
     return 0
+
+
+def _import_paths(given: Sequence[str]) -> tuple[str, ...]:
+    """The workers' first import directories: ``--path`` ones, else this
+    directory (where a user's ``tasks.py`` is when they type ``pool up``).
+
+    :raises UsageError: for a path that is not a directory.
+    """
+    found = []
+    for path in given or [os.getcwd()]:
+        if not os.path.isdir(path):
+            raise UsageError(f"--path {path!r} is not a directory")
+        found.append(os.path.abspath(path))
+    return tuple(dict.fromkeys(found))
 
 
 async def _up(options: Options, view: View) -> None:
@@ -337,7 +410,44 @@ async def _up(options: Options, view: View) -> None:
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(signum, on_signal)
-    await Supervisor(options, view).run(stop, kill_now)
+    try:
+        async with asyncio.TaskGroup() as group:
+            ticking = group.create_task(_tick(options.namespace, view))
+            try:
+                await Supervisor(options, view).run(stop, kill_now)
+            finally:
+                ticking.cancel()
+    except BaseExceptionGroup as group:  # (the ticker never fails)
+        raise group.exceptions[0] from None
+
+
+async def _tick(namespace: str, view: View) -> None:
+    """Once a second, tell the view the dispatcher's queue length."""
+    channel: aio.Channel | None = None
+    address = ""
+    try:
+        while True:
+            await asyncio.sleep(TICK_S)  # a ticker, not a wait for an event
+            queued = None
+            try:
+                where, token = locate(namespace)
+                if where != address or channel is None:
+                    if channel is not None:
+                        await channel.close()
+                    address, channel = where, aio.insecure_channel(where)
+                stub = DispatcherStub(channel)  # type: ignore[no-untyped-call]
+                reply = await stub.ListWorkers(
+                    ListWorkersRequest(),
+                    metadata=auth.call_metadata(token),
+                    timeout=TICK_S,
+                )
+                queued = reply.queued
+            except (PoolError, aio.AioRpcError):
+                pass  # not up yet, or stopping: the view says "?"
+            view.tick(queued)
+    finally:
+        if channel is not None:
+            await channel.close()
 
 
 def cmd_submit(args: argparse.Namespace) -> int:
@@ -462,6 +572,70 @@ def cmd_watch(args: argparse.Namespace) -> int:
                 args.namespace, f"none started within {args.timeout_s:g} s"
             ) from None
     return 0
+
+
+def cmd_ls(args: argparse.Namespace) -> int:
+    if args.clean:
+        for namespace in sweep_dead():
+            print(f"removed what the dead pool {namespace!r} left")
+        sweep_temp_dirs()
+    rows = []
+    for entry in namespaces():
+        workers: object = "-"
+        if entry.owner_pid is not None:
+            with contextlib.suppress(DiscoveryError):
+                workers = len(list_workers(entry.namespace))
+        rows.append(
+            {
+                "namespace": entry.namespace,
+                "owner": entry.owner_pid or "dead",
+                "workers": workers,
+                "segment": entry.segment if entry.segment_exists else "-",
+                "runtime": entry.directory,
+            }
+        )
+    named = {e.segment.name for e in namespaces()}
+    strays = [p for p in _own_segments() if p.name not in named]
+    if sys.stdout.isatty():
+        _print_table(rows, strays)
+        return 0
+    for row in rows:
+        print(line("pool", row))
+    for path in strays:
+        print(line("segment", {"path": path, "pool": "unknown"}))
+    return 0
+
+
+def _own_segments() -> list[Path]:
+    """This user's pool segments in /dev/shm."""
+    try:
+        found = list(paths.SHM_DIR.glob(f"{paths.SEGMENT_PREFIX}*"))
+    except OSError:
+        return []
+    mine = []
+    for path in found:
+        with contextlib.suppress(OSError):
+            if path.stat().st_uid == os.geteuid():
+                mine.append(path)
+    return sorted(mine)
+
+
+def _print_table(rows: list[dict[str, Any]], strays: list[Path]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=f"{len(rows)} pools in {paths.runtime_dir()}")
+    for column in ("namespace", "owner", "workers", "segment", "runtime"):
+        table.add_column(column, overflow="fold")
+    for row in rows:
+        table.add_row(*(str(value) for value in row.values()))
+    console = Console()
+    console.print(table)
+    for path in strays:
+        console.print(
+            f"{path}: no pool in this runtime directory names it (another "
+            f"runtime directory's, or a leak)"
+        )
 
 
 def cmd_down(args: argparse.Namespace) -> int:

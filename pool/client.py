@@ -30,7 +30,7 @@ import threading
 import time
 import weakref
 from collections.abc import AsyncIterator, Callable, Iterable, Iterator
-from types import TracebackType
+from types import ModuleType, TracebackType
 from typing import Any, Final, Self
 
 import uvloop
@@ -39,7 +39,7 @@ from discovery import paths
 from pool.connection import Connection
 from pool.dispatcher_pb2 import Submission
 from pool.errors import PoolError
-from workers import tasks
+from workers import shipping, tasks
 from workers.worker_pb2 import Result, Task
 
 __all__ = ["AsyncClient", "Client", "outcome"]
@@ -92,30 +92,68 @@ def outcome(result: Result) -> Any:
 
 
 class Submissions:
-    """What both clients put on a task: a fresh id, the function's name, the
-    pickled call, and the client's tags and time limit."""
+    """What both clients put on a task: a fresh id, the callable (by name,
+    or by value: see :mod:`workers.shipping`), the pickled call, and the
+    client's tags and time limit.
 
-    def __init__(self, tags: Iterable[str], task_timeout_s: float | None) -> None:
+    :param ship_modules: modules whose functions and classes travel by value
+        (registered with cloudpickle for the life of the process).
+    """
+
+    def __init__(
+        self,
+        tags: Iterable[str],
+        task_timeout_s: float | None,
+        ship_modules: Iterable[ModuleType] = (),
+    ) -> None:
         self._tags = tuple(tags)
         self.timeout_s = task_timeout_s or 0.0
         self._ids = itertools.count(1)
+        self._ship_modules = tuple(_ship(module) for module in ship_modules)
+
+    def reference(self, fn: Callable[..., Any] | str) -> shipping.Reference:
+        """How ``fn`` travels (pickled once here if by value).
+
+        :raises TypeError: if ``fn`` is neither a callable nor a name.
+        :raises Exception: whatever pickling ``fn`` raises.
+        """
+        if not (isinstance(fn, str) or callable(fn)):
+            raise TypeError(f"{type(fn).__name__!r} object is not callable")
+        return shipping.reference(fn, self._ship_modules)
 
     def make(
-        self, fn: Callable[..., Any] | str, args: tuple[Any, ...], kwargs: Any
-    ) -> Submission:
-        """A submission calling ``fn`` (a callable or ``"module:qualname"``).
+        self,
+        ref: shipping.Reference,
+        args: tuple[Any, ...],
+        kwargs: Any,
+        *,
+        chunk: bool = False,
+    ) -> tuple[Submission, bytes]:
+        """A submission calling ``ref``, and the code to ship with it.
 
-        :raises BadTask: if a worker could not import ``fn``.
         :raises Exception: whatever pickling the arguments raises.
         """
-        name = fn if isinstance(fn, str) else tasks.function_name(fn)
         task = Task(
             id=next(self._ids),
-            function=name,
-            args=tasks.dump_call(args, dict(kwargs)),
+            function=ref.name,
+            digest=ref.digest,
+            args=tasks.dump_call(args, dict(kwargs), by_value=ref.by_value),
             timeout_s=self.timeout_s,
+            chunk=chunk,
         )
-        return Submission(task=task, tags=self._tags)
+        return Submission(task=task, tags=self._tags), ref.code
+
+
+def _ship(module: ModuleType) -> str:
+    if not isinstance(module, ModuleType):
+        raise TypeError(
+            f"ship_modules takes modules (import them first), got "
+            f"{type(module).__name__} {module!r}"
+        )
+    import cloudpickle  # (only a client that ships modules needs it now)
+
+    cloudpickle.register_pickle_by_value(module)
+    return module.__name__
 
 
 class FutureHandler:
@@ -164,7 +202,7 @@ class _LoopThread:
 
     def __init__(self, namespace: str) -> None:
         self._lock = threading.Lock()
-        self._inbox: list[tuple[Submission, FutureHandler]] = []
+        self._inbox: list[tuple[Submission, bytes, FutureHandler]] = []
         self._flush_scheduled = False
         self.outstanding: set[concurrent.futures.Future[Any]] = set()
         self._crashed: PoolError | None = None
@@ -208,7 +246,10 @@ class _LoopThread:
         await self._connection.run()
 
     def submit(
-        self, submission: Submission, future: concurrent.futures.Future[Any]
+        self,
+        submission: Submission,
+        code: bytes,
+        future: concurrent.futures.Future[Any],
     ) -> None:
         handler = FutureHandler(future)
         with self._lock:
@@ -216,7 +257,7 @@ class _LoopThread:
                 future.set_exception(self._crashed)
                 return
             self.outstanding.add(future)
-            self._inbox.append((submission, handler))
+            self._inbox.append((submission, code, handler))
             if not self._flush_scheduled:
                 self._flush_scheduled = True
                 self._loop.call_soon_threadsafe(self._flush)
@@ -241,8 +282,8 @@ class _LoopThread:
             inbox, self._inbox = self._inbox, []
             self._flush_scheduled = False
         assert self._connection is not None
-        for submission, handler in inbox:
-            self._connection.submit(submission, handler)
+        for submission, code, handler in inbox:
+            self._connection.submit(submission, handler, code)
 
     def _cancel(self, task_id: int, handler: FutureHandler) -> None:
         assert self._connection is not None
@@ -276,6 +317,9 @@ class Client(concurrent.futures.Executor):
     :param namespace: the pool's namespace (``pool up --namespace``).
     :param tags: tags every task of this client requires of its worker.
     :param task_timeout_s: per-task limit enforced by the worker (None: none).
+    :param ship_modules: modules of yours that the workers cannot import:
+        their functions and classes travel by value (cloudpickle's
+        ``register_pickle_by_value``, for the life of this process).
     :raises PoolNotRunning: if no pool serves the namespace.
     """
 
@@ -285,9 +329,10 @@ class Client(concurrent.futures.Executor):
         *,
         tags: Iterable[str] = (),
         task_timeout_s: float | None = None,
+        ship_modules: Iterable[ModuleType] = (),
     ) -> None:
         self.namespace = paths.validate_namespace(namespace)
-        self._submissions = Submissions(tags, task_timeout_s)
+        self._submissions = Submissions(tags, task_timeout_s, ship_modules)
         self._shutdown_lock = threading.Lock()
         self._shutdown = False
         self._runner = _LoopThread(namespace)
@@ -297,8 +342,11 @@ class Client(concurrent.futures.Executor):
     def submit(
         self, fn: Callable[..., Any] | str, /, *args: Any, **kwargs: Any
     ) -> concurrent.futures.Future[Any]:
-        """Run ``fn(*args, **kwargs)`` in the pool; ``fn`` must be importable
-        by the workers (a module-level function, or ``"module:qualname"``).
+        """Run ``fn(*args, **kwargs)`` in the pool. ``fn`` is any callable: a
+        function the workers can import travels by name (or pass
+        ``"module:qualname"``), anything else by value with cloudpickle
+        (lambdas, closures, ``__main__`` functions, partials, bound methods,
+        callable objects), pickled now and sent once per connection.
 
         A function or arguments that cannot be sent set the future's
         exception, as pickling errors do in ``ProcessPoolExecutor``.
@@ -306,6 +354,21 @@ class Client(concurrent.futures.Executor):
         :raises RuntimeError: after :meth:`shutdown`, or once the interpreter
             is exiting.
         """
+        ref: shipping.Reference | Exception
+        try:
+            ref = self._submissions.reference(fn)
+        except Exception as exc:
+            ref = exc  # set on the future, once the client is known to be open
+        return self._send(ref, args, kwargs)
+
+    def _send(
+        self,
+        ref: shipping.Reference | Exception,
+        args: tuple[Any, ...],
+        kwargs: Any,
+        *,
+        chunk: bool = False,
+    ) -> concurrent.futures.Future[Any]:
         with self._shutdown_lock:
             if self._shutdown:
                 raise RuntimeError("cannot schedule new futures after shutdown")
@@ -315,11 +378,15 @@ class Client(concurrent.futures.Executor):
                 )
             future: concurrent.futures.Future[Any] = concurrent.futures.Future()
             try:
-                submission = self._submissions.make(fn, args, kwargs)
+                if isinstance(ref, Exception):
+                    raise ref
+                submission, code = self._submissions.make(
+                    ref, args, kwargs, chunk=chunk
+                )
             except Exception as exc:
                 future.set_exception(exc)
                 return future
-            self._runner.submit(submission, future)
+            self._runner.submit(submission, code, future)
             return future
 
     def map(
@@ -347,20 +414,22 @@ class Client(concurrent.futures.Executor):
         deadline = None if timeout is None else time.monotonic() + timeout
         if chunksize is None and self._submissions.timeout_s:
             chunksize = 1
-        if chunksize == 1:
-            futures = [self.submit(fn, *args) for args in zip(*iterables, strict=False)]
-            return _in_order(futures, deadline)
         try:
-            name = fn if isinstance(fn, str) else tasks.function_name(fn)
-        except tasks.BadTask as exc:  # raised on iteration, as the rest would be
+            ref = self._submissions.reference(fn)  # pickled once for every call
+        except Exception as exc:  # raised on iteration, as the rest would be
             failed: concurrent.futures.Future[Any] = concurrent.futures.Future()
             failed.set_exception(exc)
-            return _flatten(_in_order([failed], deadline))
+            return _in_order([failed], deadline)
+        if chunksize == 1:
+            futures = [
+                self._send(ref, args, {}) for args in zip(*iterables, strict=False)
+            ]
+            return _in_order(futures, deadline)
         calls = list(zip(*iterables, strict=False))
         futures = []
         if chunksize is None:
             futures = [
-                self.submit(tasks.CHUNK_FUNCTION, name, [call])
+                self._send(ref, ([call],), {}, chunk=True)
                 for call in calls[:PROBE_CALLS]
             ]
             per_call_s = _time_per_call(futures)
@@ -368,7 +437,7 @@ class Client(concurrent.futures.Executor):
                 per_call_s, len(calls) - len(futures), _call_bytes(calls)
             )
         futures += [
-            self.submit(tasks.CHUNK_FUNCTION, name, chunk)
+            self._send(ref, (chunk,), {}, chunk=True)
             for chunk in _slices(calls, len(futures), chunksize)
         ]
         return _flatten(_in_order(futures, deadline))
@@ -480,6 +549,7 @@ class AsyncClient:
     :param namespace: the pool's namespace.
     :param tags: tags every task of this client requires of its worker.
     :param task_timeout_s: per-task limit enforced by the worker (None: none).
+    :param ship_modules: as for :class:`Client`.
     """
 
     def __init__(
@@ -488,9 +558,10 @@ class AsyncClient:
         *,
         tags: Iterable[str] = (),
         task_timeout_s: float | None = None,
+        ship_modules: Iterable[ModuleType] = (),
     ) -> None:
         self.namespace = paths.validate_namespace(namespace)
-        self._submissions = Submissions(tags, task_timeout_s)
+        self._submissions = Submissions(tags, task_timeout_s, ship_modules)
         self._connection: Connection | None = None
         self._group: asyncio.TaskGroup | None = None
 
@@ -521,13 +592,18 @@ class AsyncClient:
         await group.__aexit__(None, None, None)
 
     def _send(
-        self, fn: Callable[..., Any] | str, args: tuple[Any, ...], kwargs: Any
+        self,
+        ref: shipping.Reference,
+        args: tuple[Any, ...],
+        kwargs: Any,
+        *,
+        chunk: bool = False,
     ) -> tuple[int, asyncio.Future[Result]]:
         if self._connection is None:
             raise RuntimeError("use `async with AsyncClient(...)` before submitting")
-        submission = self._submissions.make(fn, args, kwargs)
+        submission, code = self._submissions.make(ref, args, kwargs, chunk=chunk)
         answer: asyncio.Future[Result] = asyncio.get_running_loop().create_future()
-        self._connection.submit(submission, _AsyncHandler(answer))
+        self._connection.submit(submission, _AsyncHandler(answer), code)
         return submission.task.id, answer
 
     async def _outcome(self, task_id: int, answer: asyncio.Future[Result]) -> Any:
@@ -545,7 +621,8 @@ class AsyncClient:
 
         Cancelling the awaiting task cancels the task in the pool.
         """
-        return await self._outcome(*self._send(fn, args, kwargs))
+        ref = self._submissions.reference(fn)
+        return await self._outcome(*self._send(ref, args, kwargs))
 
     async def map(
         self,
@@ -561,15 +638,15 @@ class AsyncClient:
         if chunksize is None and self._submissions.timeout_s:
             chunksize = 1
         chunked = chunksize != 1
+        ref = self._submissions.reference(fn)
         if not chunked:
-            sent = [self._send(fn, args, {}) for args in zip(*iterables, strict=False)]
+            sent = [self._send(ref, args, {}) for args in zip(*iterables, strict=False)]
         else:
-            name = fn if isinstance(fn, str) else tasks.function_name(fn)
             calls = list(zip(*iterables, strict=False))
             sent = []
             if chunksize is None:
                 sent = [
-                    self._send(tasks.CHUNK_FUNCTION, (name, [call]), {})
+                    self._send(ref, ([call],), {}, chunk=True)
                     for call in calls[:PROBE_CALLS]
                 ]
                 per_call_s = await _time_per_call_async([a for _, a in sent])
@@ -577,7 +654,7 @@ class AsyncClient:
                     per_call_s, len(calls) - len(sent), _call_bytes(calls)
                 )
             sent += [
-                self._send(tasks.CHUNK_FUNCTION, (name, chunk), {})
+                self._send(ref, (chunk,), {}, chunk=True)
                 for chunk in _slices(calls, len(sent), chunksize)
             ]
         sent.reverse()

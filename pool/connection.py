@@ -32,7 +32,7 @@ from discovery import owner_pid, paths
 from pool import dispatcher_pb2_grpc
 from pool.dispatcher_pb2 import Submission, SubmissionBatch
 from pool.errors import PoolError, PoolNotRunning, ProtocolMismatch
-from workers import auth, tasks
+from workers import auth, shipping, tasks
 from workers.lifecycle import GRPC_OPTIONS
 from workers.worker_pb2 import Result, ResultBatch
 
@@ -74,8 +74,14 @@ class Ledger:
     def __init__(self) -> None:
         self._pending: dict[int, tuple[Submission, Handler]] = {}
         self._outgoing: dict[int, Submission] = {}  # not written yet, in order
+        self._codes: dict[int, bytes] = {}  # of pending tasks shipping a function
         self._cancels: list[int] = []
         self._cancelled: set[int] = set()  # asked for, not yet answered
+        self._shipped = shipping.StreamCache()  # what this stream has carried
+
+    def new_stream(self) -> None:
+        """A stream starts: it has carried no function yet."""
+        self._shipped = shipping.StreamCache()
 
     def __len__(self) -> int:
         return len(self._pending)
@@ -84,14 +90,18 @@ class Ledger:
     def has_outgoing(self) -> bool:
         return bool(self._outgoing or self._cancels)
 
-    def add(self, submission: Submission, handler: Handler) -> None:
+    def add(self, submission: Submission, handler: Handler, code: bytes = b"") -> None:
+        """Send a task; ``code`` is its function's pickle if it ships one."""
         self._pending[submission.task.id] = (submission, handler)
         self._outgoing[submission.task.id] = submission
+        if code:
+            self._codes[submission.task.id] = code
 
     def cancel(self, task_id: int) -> None:
         """Cancel a pending task: here if it was not written yet, else ask
         the dispatcher (its answer comes then)."""
         if self._outgoing.pop(task_id, None) is not None:
+            self._codes.pop(task_id, None)
             _, handler = self._pending.pop(task_id)
             handler.resolve(Result(id=task_id, failure=tasks.cancelled()))
         elif task_id in self._pending and task_id not in self._cancelled:
@@ -104,7 +114,12 @@ class Ledger:
         cancels, self._cancels = self._cancels, []
         for start in range(0, max(len(outgoing), 1), MAX_BATCH_TASKS):
             part = outgoing[start : start + MAX_BATCH_TASKS]
+            carrying = [s.task for s in part if s.task.digest]
+            for task in carrying:
+                task.code = self._shipped.outgoing(task.digest, self._codes[task.id])
             yield SubmissionBatch(submissions=part, cancel=cancels)
+            for task in carrying:
+                task.ClearField("code")  # the batch holds its own copy
             cancels = []
 
     def on_batch(self, batch: ResultBatch) -> None:
@@ -113,6 +128,7 @@ class Ledger:
                 entry[1].accepted()
         for result in batch.results:
             if (entry := self._pending.pop(result.id, None)) is not None:
+                self._codes.pop(result.id, None)
                 self._cancelled.discard(result.id)
                 entry[1].resolve(result)
 
@@ -121,6 +137,7 @@ class Ledger:
         those cancelled meanwhile are answered here."""
         for task_id in self._cancelled:
             if (entry := self._pending.pop(task_id, None)) is not None:
+                self._codes.pop(task_id, None)
                 entry[1].resolve(Result(id=task_id, failure=tasks.cancelled()))
         self._cancelled.clear()
         self._cancels = []
@@ -128,7 +145,7 @@ class Ledger:
 
     def fail_all(self, error: PoolError) -> None:
         pending, self._pending = self._pending, {}
-        self._outgoing, self._cancels = {}, []
+        self._outgoing, self._cancels, self._codes = {}, [], {}
         self._cancelled.clear()
         failure = tasks.failure_of(error, remote=False)
         for task_id, (_, handler) in pending.items():
@@ -165,8 +182,11 @@ class Connection:
         self._call: aio.StreamStreamCall[SubmissionBatch, ResultBatch] | None = None
         self.refused: PoolError | None = None  # once refused, always
 
-    def submit(self, submission: Submission, handler: Handler) -> None:
-        """Send a task; ``handler`` hears what becomes of it."""
+    def submit(
+        self, submission: Submission, handler: Handler, code: bytes = b""
+    ) -> None:
+        """Send a task; ``handler`` hears what becomes of it; ``code`` is its
+        function's pickle if it ships one (:mod:`workers.shipping`)."""
         if self.refused is not None:
             handler.resolve(
                 Result(
@@ -175,7 +195,7 @@ class Connection:
                 )
             )
             return
-        self.ledger.add(submission, handler)
+        self.ledger.add(submission, handler, code)
         self._wake.set()
 
     def cancel(self, task_id: int) -> None:
@@ -232,6 +252,7 @@ class Connection:
         except PoolNotRunning as exc:
             return _Ended(exc, served=False)  # no restart is coming
         channel = aio.insecure_channel(address, options=GRPC_OPTIONS)
+        self.ledger.new_stream()
         stub = dispatcher_pb2_grpc.DispatcherStub(channel)  # type: ignore[no-untyped-call]
         self._call = call = stub.SubmitStream(metadata=auth.call_metadata(token))
         try:

@@ -41,12 +41,13 @@ from pool import dispatcher_pb2_grpc
 from pool.dispatcher_pb2 import (
     ListWorkersReply,
     ListWorkersRequest,
+    Submission,
     SubmissionBatch,
     WorkerState,
 )
 from pool.links import WorkerLink
 from pool.routing import MAX_QUEUED, NO_WORKER_TIMEOUT_S, Job, Router
-from workers import auth, lifecycle, tasks
+from workers import auth, lifecycle, shipping, tasks
 from workers.outbox import Outbox
 from workers.worker_pb2 import Result, ResultBatch
 
@@ -68,6 +69,7 @@ class ClientStream:
         self._max_tasks = max_tasks
         self.jobs: dict[int, Job] = {}  # by the client's id
         self.outbox = Outbox()
+        self._shipped = shipping.StreamCache()  # functions this stream carried
         self._room = asyncio.Event()
         self._reading = True
 
@@ -91,14 +93,9 @@ class ClientStream:
         router = self._router
         async for batch in requests:
             for submission in batch.submissions:
-                client_id = submission.task.id
-                if client_id in self.jobs:
-                    failure = tasks.id_reused(client_id)
-                    self.outbox.put(Result(id=client_id, failure=failure))
-                    continue
-                job = Job(submission.task, frozenset(submission.tags), self, client_id)
-                self.jobs[client_id] = job
-                router.submit(job)
+                if (job := self._job_of(submission)) is not None:
+                    self.jobs[job.client_id] = job
+                    router.submit(job)
             router.pump()
             for client_id in batch.cancel:
                 if (cancelled := self.jobs.get(client_id)) is not None:
@@ -107,6 +104,26 @@ class ClientStream:
         self._reading = False
         if not self.jobs:
             self.outbox.close()
+
+    def _job_of(self, submission: Submission) -> Job | None:
+        """The job of a submission, or None if it was answered at once."""
+        task = submission.task
+        code = b""
+        if task.digest:  # first, whatever becomes of it: see workers.shipping
+            try:
+                code = self._shipped.incoming(task.digest, task.code)
+            except shipping.ShippingError as exc:
+                self._refuse(task.id, tasks.BadTask(str(exc)))
+                return None
+            task.ClearField("code")  # the job keeps the one copy
+        if task.id in self.jobs:
+            self.outbox.put(Result(id=task.id, failure=tasks.id_reused(task.id)))
+            return None
+        return Job(task, frozenset(submission.tags), self, task.id, code)
+
+    def _refuse(self, task_id: int, error: Exception) -> None:
+        failure = tasks.failure_of(error, remote=False)
+        self.outbox.put(Result(id=task_id, failure=failure))
 
     async def _wait_for_room(self) -> None:
         """Stop reading (so gRPC flow control holds the client) while this
@@ -255,6 +272,8 @@ async def _obey(fd: int, router: Router, stopper: lifecycle.Stopper) -> None:
                 continue
             if order.get("drain"):
                 router.stop_taking()
+            if order.get("started"):
+                router.started()
             if isinstance(exit := order.get("exit"), dict):
                 router.record_exit(int(exit["pid"]), str(exit["status"]))
         stopper.stop()
@@ -282,6 +301,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument("--ready-fd", type=int, help="write the READY line here")
     parser.add_argument(
+        "--output-fd", type=int, help="send stdout and stderr here, line by line"
+    )
+    parser.add_argument(
         "--no-worker-timeout-s",
         type=float,
         default=NO_WORKER_TIMEOUT_S,
@@ -295,6 +317,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"(default {MAX_QUEUED})",
     )
     args = parser.parse_args(argv)
+    lifecycle.redirect_output(args.output_fd)
     logging.basicConfig(level=logging.WARNING, format="dispatcher: %(message)s")
     # watchdog warns when a watched directory's last events race the
     # observer's stop, as they do when the pool's files are removed at exit.
@@ -313,6 +336,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
     except KeyboardInterrupt:
         pass
+    except lifecycle.CannotListen as exc:
+        print(f"dispatcher: error: {exc}", file=sys.stderr)
+        return 1
     except Exception:  # a background task died: say why, and be restarted
         log.exception("stopped by an unexpected error")
         return 1

@@ -67,14 +67,28 @@ class PoolAlreadyRunning(PoolError):
 
 
 class NoWorkerAvailable(PoolError, TimeoutError):
-    """No ready worker (with the task's tags) appeared within the wait."""
+    """No ready worker (with the task's tags) appeared within the wait; or,
+    once every worker of the pool has started, none has the task's tags
+    (``known`` then says which tags the pool's workers have)."""
 
-    def __init__(self, tags: tuple[str, ...], waited_s: float) -> None:
-        super().__init__(tags, waited_s)
-        self.tags, self.waited_s = tags, waited_s
+    def __init__(
+        self,
+        tags: tuple[str, ...],
+        waited_s: float,
+        known: tuple[str, ...] | None = None,
+    ) -> None:
+        super().__init__(tags, waited_s, known)
+        self.tags, self.waited_s, self.known = tags, waited_s, known
 
     def __str__(self) -> str:
         needs = f" with tags {', '.join(self.tags)}" if self.tags else ""
+        if self.known is not None:
+            have = ", ".join(self.known) if self.known else "none"
+            return (
+                f"no worker of the pool has tags {', '.join(self.tags)} (the tags "
+                f"its workers have: {have}); start workers with them (`pool up "
+                f"--tags ...`) or change the task's tags"
+            )
         return (
             f"no ready worker{needs} for {self.waited_s:g} s; start workers "
             f"(`python -m pool up --workers N`) or check the task's tags"

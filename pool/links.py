@@ -20,7 +20,7 @@ import grpc
 from grpc import aio
 
 from discovery import WorkerInfo
-from workers import auth
+from workers import auth, shipping
 from workers.lifecycle import GRPC_OPTIONS
 from workers.worker_pb2 import ResultBatch, Task, TaskBatch
 from workers.worker_pb2_grpc import WorkerStub
@@ -43,7 +43,8 @@ class WorkerLink:
         self._ended = False
         self._router = router
         self._token = token
-        self._outbox: list[Task] = []
+        self._outbox: list[Job] = []
+        self._shipped = shipping.StreamCache()  # functions the stream carried
         self._cancels: list[int] = []
         self._wake = asyncio.Event()
         self._call: aio.StreamStreamCall[TaskBatch, ResultBatch] | None = None
@@ -80,13 +81,13 @@ class WorkerLink:
         job.taken = False
         job.task.attempt = job.attempts + 1
         self.in_flight[job.task.id] = job
-        self._outbox.append(job.task)
+        self._outbox.append(job)
         self._wake.set()
 
     def withdraw(self, job: Job) -> bool:
         """Take back a task not written to the worker yet; True if it was."""
         try:
-            self._outbox.remove(job.task)
+            self._outbox.remove(job)
         except ValueError:
             return False
         return True
@@ -127,12 +128,24 @@ class WorkerLink:
         while True:
             await self._wake.wait()
             self._wake.clear()
-            batch = TaskBatch(tasks=self._outbox, cancel=self._cancels)
-            self._outbox, self._cancels = [], []
+            jobs, self._outbox = self._outbox, []
+            batch = TaskBatch(tasks=self._tasks(jobs), cancel=self._cancels)
+            self._cancels = []
+            for job in jobs:
+                if job.code:
+                    job.task.ClearField("code")  # the batch holds its own copy
             try:
                 await call.write(batch)
             except (aio.AioRpcError, aio.UsageError, asyncio.InvalidStateError):
                 return  # _receive sees the stream end
+
+    def _tasks(self, jobs: list[Job]) -> list[Task]:
+        """The jobs' tasks as written now, in order, each carrying its
+        function's pickle if the worker does not hold it yet."""
+        for job in jobs:
+            if job.task.digest:
+                job.task.code = self._shipped.outgoing(job.task.digest, job.code)
+        return [job.task for job in jobs]
 
     async def _receive(
         self, call: aio.StreamStreamCall[TaskBatch, ResultBatch]

@@ -99,6 +99,7 @@ class Job:
     tags: frozenset[str]
     owner: Owner
     client_id: int
+    code: bytes = b""  # its function's pickle, if it ships one (workers.shipping)
     attempts: int = 0  # workers lost after they had taken it
     untaken_losses: int = 0  # workers lost before they took it
     lost_on: list[WorkerInfo] = field(default_factory=list)
@@ -149,6 +150,7 @@ class Router:
         self._settled = asyncio.Event()  # stopping, and no worker has a task
         self._exits: dict[int, str] = {}  # pid -> how it ended, newest last
         self._exit_waiters: dict[int, asyncio.Event] = {}
+        self._started = False  # every worker of the pool has started once
 
     # -- lifetime ------------------------------------------------------------
 
@@ -236,12 +238,12 @@ class Router:
             job.link = None
             if job.finished:
                 continue
-            if job.taken:
+            taken, job.taken = job.taken, False
+            if taken:
                 job.attempts += 1
                 job.lost_on.append(link.info)
             else:
                 job.untaken_losses += 1
-            job.taken = False
             if job.attempts >= self._max_attempts:
                 if self._closed:  # no time to wait for how the last one died
                     self._fail(job, self._lost_error(job))
@@ -250,8 +252,7 @@ class Router:
             elif job.untaken_losses >= MAX_UNTAKEN_LOSSES:
                 self._fail(job, WorkerLost(job.untaken_losses, ()))
             elif self.stopping:
-                detail = "its worker stopped before it finished"
-                self._fail(job, PoolStopping(self.namespace, detail))
+                self._fail(job, PoolStopping(self.namespace, _why_stopped(taken)))
             else:
                 self._enqueue(job, front=True)
         self._check_settled()
@@ -293,8 +294,35 @@ class Router:
         job.task.id = next(self._ids)
         if self.stopping:
             self._fail(job, PoolStopping(self.namespace))
+        elif (known := self._unmatched(job)) is not None:
+            error = NoWorkerAvailable(tuple(sorted(job.tags)), 0.0, known)
+            self._fail(job, error, grpc.StatusCode.DEADLINE_EXCEEDED)
         else:
             self._enqueue(job)
+
+    def started(self) -> None:
+        """Every worker of the pool has started (the supervisor says so): from
+        now on, a task whose tags no registered worker has fails at once."""
+        self._started = True
+        keep: deque[Job] = deque()
+        for job in self.queue:
+            if not job.finished and (known := self._unmatched(job)) is not None:
+                self._dequeued()
+                error = NoWorkerAvailable(tuple(sorted(job.tags)), 0.0, known)
+                self._fail(job, error, grpc.StatusCode.DEADLINE_EXCEEDED)
+            elif not job.finished:
+                keep.append(job)
+        self.queue = keep
+
+    def _unmatched(self, job: Job) -> tuple[str, ...] | None:
+        """The tags the registered workers have, if the pool has started and
+        none has the job's; else None (it may yet find one)."""
+        if not (self._started and job.tags and self.links):
+            return None
+        if any(job.tags <= link.info.tags for link in self.links.values()):
+            return None
+        tags = (link.info.tags for link in self.links.values())
+        return tuple(sorted(frozenset().union(*tags)))
 
     def _enqueue(self, job: Job, front: bool = False) -> None:
         if front:
@@ -458,6 +486,13 @@ class Router:
             for job in jobs:
                 if not job.finished:
                     self._fail(job, PoolStopping(self.namespace, detail))
+
+
+def _why_stopped(taken: bool) -> str:
+    """Why a task lost its worker as the pool stopped, as PoolStopping says."""
+    if taken:
+        return "its worker stopped before it finished"
+    return "its worker stopped before it took the task, so it never ran"
 
 
 def _load(link: Link) -> float:

@@ -16,7 +16,9 @@ interpreters (``python -m workers.process``), and it is restarted.
 Every child gets a pidfd of the supervisor (``--parent-fd``) and exits when
 it becomes readable, that is when the supervisor dies, however it dies. The
 dispatcher also gets a pipe only the supervisor writes to
-(``--control-fd``): how each worker ended, and when the pool drains.
+(``--control-fd``): how each worker ended, when every worker has started
+(tasks whose tags no worker has fail at once from then on), and when the
+pool drains.
 
 A child that dies is reaped at once and replaced (with exponential
 back-off for one that dies before it is ready). A worker whose status
@@ -55,6 +57,7 @@ from pool.children import (
 )
 from pool.connection import ADDRESS_FILE
 from pool.errors import PoolAlreadyRunning
+from pool.output import output_lines
 from pool.routing import MAX_QUEUED
 from pool.view import View
 from pool.zygote import Zygote, ZygoteUnavailable, sweep_temp_dirs
@@ -67,6 +70,7 @@ DISPATCHER_STOP_S: Final = 15.0  # it waits for its last results, then ends
 # After a second Ctrl-C the workers are killed at once, but the dispatcher
 # still gets this long to tell each client how its tasks ended.
 HURRIED_DISPATCHER_STOP_S: Final = 2.0
+OUTPUT_DRAIN_S: Final = 1.0  # for the children's last lines, once they exited
 
 
 @dataclass(eq=False)
@@ -88,6 +92,12 @@ class Child:
     def kind(self) -> str:
         return self.name.split("-")[0]
 
+    @property
+    def label(self) -> str:
+        """How its output is prefixed: ``w3`` for worker-3."""
+        kind, _, number = self.name.partition("-")
+        return f"w{number}" if kind == "worker" else kind
+
 
 @dataclass
 class Options:
@@ -103,6 +113,11 @@ class Options:
     max_args_bytes: int = MAX_ARGS_BYTES
     stuck_grace_s: float = 60.0
     max_queued: int = MAX_QUEUED
+    # Show what children write to stdout and stderr through the view, a line
+    # at a time, prefixed by who wrote it (else they share the caller's).
+    capture_output: bool = False
+    paths: tuple[str, ...] = ()  # where workers import task modules from first
+    reload: bool = False  # workers re-import a task module whose source changed
 
     def __post_init__(self) -> None:
         paths.validate_namespace(self.namespace)
@@ -135,11 +150,13 @@ class Supervisor:
         self._workers: list[Child] = []
         self._group: asyncio.TaskGroup | None = None
         self._background: set[asyncio.Task[None]] = set()
+        self._relays: set[asyncio.Task[None]] = set()  # children's output
         self._parent_fd = -1
         self._control_fd = -1  # the write end of the dispatcher's control pipe
         self._status: dict[str, str] = {}  # uid -> status, of registered workers
         self._registry_changed = asyncio.Event()
         self._zygote: Zygote | None = None
+        self._ready = False  # every worker has been registered once
 
     async def run(self, stop: asyncio.Event, kill_now: asyncio.Event) -> None:
         """Run the pool until ``stop``; drain; leave nothing behind.
@@ -208,7 +225,14 @@ class Supervisor:
                     namespace=self.options.namespace,
                     workers=len(self._workers),
                     address=self.address,
+                    **(
+                        {"path": ":".join(self.options.paths)}
+                        if self.options.paths
+                        else {}
+                    ),
                 )
+                self._ready = True
+                self._tell_dispatcher(started=True)
                 if self._on_ready is not None:
                     self._on_ready()
                 await stop.wait()
@@ -218,6 +242,9 @@ class Supervisor:
                     restarting.cancel()
                 self.view.note("stopping", namespace=self.options.namespace)
                 await self._stop_all(kill_now)
+                if self._relays:  # the children's last lines (a grandchild
+                    # that kept their pipe open is not waited for long)
+                    await asyncio.wait(self._relays, timeout=OUTPUT_DRAIN_S)
                 for task in self._background:
                     task.cancel()
 
@@ -255,6 +282,10 @@ class Supervisor:
         ]
         if opts.tags:
             worker_argv += ["--tags", ",".join(opts.tags)]
+        for path in opts.paths:
+            worker_argv += ["--path", path]
+        if opts.reload:
+            worker_argv.append("--reload")
         self._workers = [
             Child(f"worker-{i}", "workers.process", worker_argv)
             for i in range(opts.workers)
@@ -280,17 +311,27 @@ class Supervisor:
         child.ready = {}
         ready_read, ready_write = os.pipe()
         fds = {"--ready-fd": ready_write, "--parent-fd": self._parent_fd}
-        control_read = -1
+        control_read = output_read = -1
         if child is self._dispatcher:
             control_read, control_write = os.pipe()
             self._replace_control(control_write)
             fds["--control-fd"] = control_read
+        if self.options.capture_output:
+            output_read, fds["--output-fd"] = os.pipe()
         try:
             process = await self._fork_or_spawn(child, fds)
+        except BaseException:
+            if output_read >= 0:
+                os.close(output_read)
+            raise
         finally:
-            os.close(ready_write)
-            if control_read >= 0:
-                os.close(control_read)
+            for fd in (ready_write, control_read, fds.get("--output-fd", -1)):
+                if fd >= 0:
+                    os.close(fd)
+        if output_read >= 0:
+            relay = self._spawn(self._relay(output_read, child.label, process.pid))
+            self._relays.add(relay)
+            relay.add_done_callback(self._relays.discard)
         child.process = process
         try:
             child.ready = await read_ready(ready_read, process, child.name)
@@ -302,8 +343,18 @@ class Supervisor:
         if child is self._dispatcher:  # a restarted one may listen elsewhere
             self.address = child.ready["address"]
             _write_private(self.options.namespace, ADDRESS_FILE, self.address)
+            if self._ready:
+                self._tell_dispatcher(started=True)
         self.view.note(f"{child.kind}-started", pid=process.pid)
         self._spawn(self._watch(child))
+
+    async def _relay(self, fd: int, name: str, pid: int) -> None:
+        """Show what a child writes, line by line, until it closes its end."""
+        try:
+            async for text in output_lines(fd):
+                self.view.output(name, pid, text)
+        finally:
+            os.close(fd)
 
     async def _fork_or_spawn(self, child: Child, fds: dict[str, int]) -> Process:
         """Fork the child from the zygote; while it is down, start a fresh

@@ -14,7 +14,7 @@ from tests.helpers import DEADLINE_S, ROOT, LineReader
 
 
 def pool_command(
-    *args: str, timeout_s: float = DEADLINE_S
+    *args: str, timeout_s: float = DEADLINE_S, cwd: Path = ROOT
 ) -> subprocess.CompletedProcess[str]:
     """Run one ``python -m pool`` command to completion."""
     return subprocess.run(
@@ -22,7 +22,7 @@ def pool_command(
         capture_output=True,
         text=True,
         timeout=timeout_s,
-        cwd=ROOT,
+        cwd=cwd,
         env=_env(),
     )
 
@@ -34,7 +34,7 @@ def _env() -> dict[str, str]:
 class RunningPool:
     """A ``python -m pool up`` process and the lines it prints."""
 
-    def __init__(self, namespace: str, *args: str) -> None:
+    def __init__(self, namespace: str, *args: str, cwd: Path = ROOT) -> None:
         self.namespace = namespace
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "pool", "up", "--namespace", namespace, *args],
@@ -42,11 +42,12 @@ class RunningPool:
             stderr=subprocess.PIPE,
             stdin=subprocess.DEVNULL,
             text=True,
-            cwd=ROOT,
+            cwd=cwd,
             env=_env(),
         )
         assert self.proc.stdout is not None
         self.lines = LineReader(self.proc.stdout)
+        self.ready_line = ""  # (running_pool waits for it)
 
     def wait_for(self, prefix: str, timeout_s: float = 30.0) -> str:
         """The next line starting with ``prefix`` (skipping others)."""
@@ -71,11 +72,11 @@ class RunningPool:
 
 
 @contextmanager
-def running_pool(namespace: str, *args: str) -> Iterator[RunningPool]:
+def running_pool(namespace: str, *args: str, cwd: Path = ROOT) -> Iterator[RunningPool]:
     """A pool that is ready on entry and stopped (or killed) on exit."""
-    pool = RunningPool(namespace, *args)
+    pool = RunningPool(namespace, *args, cwd=cwd)
     try:
-        pool.wait_for("ready ")
+        pool.ready_line = pool.wait_for("ready ")
         yield pool
     finally:
         pool.close()

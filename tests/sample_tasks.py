@@ -5,11 +5,19 @@ from __future__ import annotations
 import asyncio
 import itertools
 import os
+import sys
 import time
 
 
 def square(x: int) -> int:
     return x * x
+
+
+def speak(text: str) -> int:
+    """Print ``text`` on stdout, and again on stderr; its length."""
+    print(text)
+    print(f"{text} (stderr)", file=sys.stderr)
+    return len(text)
 
 
 def fail(message: str) -> None:

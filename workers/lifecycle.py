@@ -11,11 +11,13 @@ names one process for good, where a pid may be reused.
 from __future__ import annotations
 
 import asyncio
+import io
 import ipaddress
 import json
 import logging
 import os
 import signal
+import socket as socket_module
 import sys
 from pathlib import Path
 from typing import Any, Final
@@ -36,13 +38,40 @@ READY_PREFIX: Final = "READY "
 log = logging.getLogger(__name__)
 
 
+class CannotListen(OSError):
+    """A pool process cannot listen where it was told to (``--host``)."""
+
+    def __init__(self, where: str, reason: str) -> None:
+        self.where = where
+        super().__init__(f"cannot listen on {where}: {reason}")
+
+
+def check_host(host: str) -> None:
+    """:raises CannotListen: unless a TCP port can be bound on ``host`` here
+    (it resolves, and to an address of this machine)."""
+    try:
+        infos = socket_module.getaddrinfo(
+            host.strip("[]"), 0, type=socket_module.SOCK_STREAM
+        )
+        family, kind, proto, _, address = infos[0]
+        with socket_module.socket(family, kind, proto) as probe:
+            probe.bind(address)
+    except OSError as exc:
+        reason = exc.strerror or str(exc)
+        raise CannotListen(
+            repr(host), f"{reason}; give an address of this machine"
+        ) from None
+
+
 def bind(server: aio.Server, host: str | None, socket: Path) -> tuple[str, Path | None]:
     """Listen on ``host:<free port>``, else on the unix ``socket``.
 
     :returns: the gRPC target clients use, and the socket path to remove at
         exit (None for TCP).
+    :raises CannotListen: if it cannot.
     """
     if host:
+        check_host(host)
         if not is_loopback(host):
             log.warning(
                 "listening on %s: other machines can reach this port; every call "
@@ -64,6 +93,21 @@ def is_loopback(host: str) -> bool:
         return ipaddress.ip_address(host.strip("[]")).is_loopback
     except ValueError:
         return False
+
+
+def redirect_output(fd: int | None) -> None:
+    """Point stdout and stderr at ``fd`` (the supervisor's pipe, which shows
+    each line prefixed by who wrote it), written line by line."""
+    if fd is None:
+        return
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.dup2(fd, 1)
+    os.dup2(fd, 2)
+    os.close(fd)
+    for stream in (sys.stdout, sys.stderr):
+        if isinstance(stream, io.TextIOWrapper):
+            stream.reconfigure(line_buffering=True)
 
 
 def announce_ready(ready_fd: int | None, **fields: Any) -> None:

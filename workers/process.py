@@ -40,7 +40,7 @@ from grpc_health.v1 import health, health_pb2_grpc
 
 import discovery
 from discovery import DiscoveryError, Publisher, Status, WorkerInfo, paths
-from workers import auth, lifecycle, tasks, worker_pb2_grpc
+from workers import auth, imports, lifecycle, tasks, worker_pb2_grpc
 from workers.service import WorkerService
 
 log = logging.getLogger("workers")
@@ -67,6 +67,9 @@ class Config:
     parent_fd: int | None
     ready_fd: int | None
     max_args_bytes: int = tasks.MAX_ARGS_BYTES
+    output_fd: int | None = None
+    paths: tuple[str, ...] = ()
+    reload: bool = False
 
 
 def parse_args(argv: Sequence[str] | None = None) -> Config:
@@ -121,6 +124,23 @@ def parse_args(argv: Sequence[str] | None = None) -> Config:
     parser.add_argument(
         "--ready-fd", type=int, help="write the READY line here, not to stdout"
     )
+    parser.add_argument(
+        "--output-fd",
+        type=int,
+        help="send stdout and stderr here (inherited), line by line",
+    )
+    parser.add_argument(
+        "--path",
+        action="append",
+        default=[],
+        metavar="DIR",
+        help="import task modules from DIR first (repeatable)",
+    )
+    parser.add_argument(
+        "--reload",
+        action="store_true",
+        help="re-import a task's module when its source file has changed",
+    )
     args = parser.parse_args(argv)
     if args.concurrency < 1 or args.prefetch < 1:
         parser.error("--concurrency and --prefetch must be at least 1")
@@ -144,15 +164,21 @@ def parse_args(argv: Sequence[str] | None = None) -> Config:
         args.parent_fd,
         args.ready_fd,
         args.max_args_bytes,
+        args.output_fd,
+        tuple(os.path.abspath(p) for p in args.path),
+        args.reload,
     )
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     config = parse_args(argv)
+    lifecycle.redirect_output(config.output_fd)
+    sys.path[:0] = [p for p in config.paths if p not in sys.path]
+    imports.reload_changed(config.reload)
     logging.basicConfig(level=logging.WARNING, format="worker %(process)d: %(message)s")
     try:
         uvloop.run(serve(config))
-    except (DiscoveryError, auth.MissingToken) as exc:
+    except (DiscoveryError, auth.MissingToken, lifecycle.CannotListen) as exc:
         print(f"worker: error: {exc}", file=sys.stderr)
         return 1
     except Exception:  # a background task died: say why, and let it be replaced

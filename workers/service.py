@@ -24,9 +24,11 @@ stuck its status is ``"stuck"``, it hands back the plain tasks waiting for
 a thread (UNAVAILABLE: the dispatcher sends them elsewhere) and the
 supervisor replaces it after a grace period.
 
-Importing a task's module (the first time it is named) and unpickling
-large arguments of coroutine tasks run in daemon threads, never on the
-loop. A task that cannot be run as sent is answered alone with its precise
+Importing a task's module (the first time it is named, or again when
+``--reload`` sees it changed), unpickling a function shipped by value (the
+first time its digest comes; each stream keeps the pickles it carried,
+:mod:`workers.shipping`) and unpickling large arguments of coroutine tasks
+run in daemon threads, never on the loop. A task that cannot be run as sent is answered alone with its precise
 status (see ``proto/workers/worker.proto``); its stream goes on.
 """
 
@@ -34,6 +36,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import inspect
 import queue
 import threading
@@ -44,7 +47,7 @@ from typing import Any, Final, Literal
 
 from grpc import aio
 
-from workers import tasks, worker_pb2_grpc
+from workers import imports, shipping, tasks, worker_pb2_grpc
 from workers.offload import in_daemon_thread
 from workers.outbox import Outbox
 from workers.worker_pb2 import Failure, Result, ResultBatch, Task, TaskBatch
@@ -78,6 +81,7 @@ class _Stream:
     room: asyncio.Event = field(default_factory=asyncio.Event)
     group: asyncio.TaskGroup | None = None
     reading: bool = True
+    shipped: shipping.StreamCache = field(default_factory=shipping.StreamCache)
 
     def take_starting(self) -> list[_Entry]:
         starting, self.starting = self.starting, []
@@ -90,6 +94,8 @@ class _Entry:
 
     task: Task
     stream: _Stream
+    code: bytes = b""  # its function's pickle, if it ships one
+    fn: Callable[..., Any] | None = None  # what it calls, once found
     job: asyncio.Task[None] | None = None  # a coroutine function's run
     timer: asyncio.TimerHandle | None = None
     plain: bool = False  # handed to the slot threads
@@ -218,13 +224,22 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
         return "it is draining" if self.draining else _ALL_STUCK
 
     def _accept(self, stream: _Stream, task: Task) -> None:
+        code = b""
+        if task.digest:  # first, whatever becomes of it: see workers.shipping
+            try:
+                code = stream.shipped.incoming(task.digest, task.code)
+            except shipping.ShippingError as exc:
+                failure = tasks.failure_of(tasks.BadTask(str(exc)), remote=False)
+                stream.outbox.put(_failed(task.id, failure))
+                return
+            task.ClearField("code")
         if task.id in stream.entries:
             stream.outbox.put(_failed(task.id, tasks.id_reused(task.id)))
             return
         if not self.takes_tasks:
             stream.outbox.put(_failed(task.id, tasks.rejected(self._busy_reason)))
             return
-        entry = _Entry(task, stream)
+        entry = _Entry(task, stream, code)
         stream.entries[task.id] = entry
         self.running += 1
         self._idle.clear()
@@ -241,16 +256,16 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
         except tasks.BadTask as exc:
             self._answer(entry, _failed(entry.task.id, tasks.failure_of(exc)))
             return
-        fn = tasks.resolved(entry.task.function)
+        fn = imports.found(entry.task)
         if fn is not None:
             self._launch(entry, fn)
             return
         assert entry.stream.group is not None
-        entry.job = entry.stream.group.create_task(self._resolve_and_launch(entry))
+        entry.job = entry.stream.group.create_task(self._find_and_launch(entry))
 
-    async def _resolve_and_launch(self, entry: _Entry) -> None:
+    async def _find_and_launch(self, entry: _Entry) -> None:
         try:
-            fn = await in_daemon_thread(tasks.resolve, entry.task.function)
+            fn = await in_daemon_thread(imports.find, entry.task, entry.code)
         except tasks.BadTask as exc:
             self._answer(entry, _failed(entry.task.id, tasks.failure_of(exc)))
             return
@@ -259,6 +274,9 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
 
     def _launch(self, entry: _Entry, fn: Callable[..., Any]) -> None:
         task = entry.task
+        if task.chunk:
+            fn = functools.partial(tasks.run_chunk, fn)
+        entry.fn, entry.code = fn, b""
         if task.timeout_s > 0:
             entry.timer = self._loop.call_later(task.timeout_s, self._time_out, entry)
         if inspect.iscoroutinefunction(fn):
@@ -268,7 +286,7 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
             self._answer(entry, _failed(task.id, tasks.rejected(_ALL_STUCK)))
         else:
             entry.plain = True
-            self._plain.put(entry)  # the thread finds fn through resolved()
+            self._plain.put(entry)
 
     async def _run_coroutine(self, entry: _Entry, fn: Callable[..., Any]) -> None:
         task = entry.task
@@ -297,7 +315,7 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
                     continue  # cancelled, timed out or handed back before it ran
                 entry.running = True
             started = time.perf_counter()
-            result = _run_plain(entry.task, self._max_args_bytes)
+            result = _run_plain(entry, self._max_args_bytes)
             elapsed = time.perf_counter() - started
             with self._claim:
                 entry.running = False
@@ -387,11 +405,11 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
         self._on_change()
 
 
-def _run_plain(task: Task, max_args_bytes: int) -> Result:
+def _run_plain(entry: _Entry, max_args_bytes: int) -> Result:
     """Run a plain task in the calling thread; always an answer."""
+    task, fn = entry.task, entry.fn
     try:
-        fn = tasks.resolved(task.function)
-        assert fn is not None, "launched before it was resolved"
+        assert fn is not None, "launched before its callable was found"
         try:
             args, kwargs = tasks.load_call(task.args, max_args_bytes)
         except tasks.BadTask as exc:

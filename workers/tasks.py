@@ -18,11 +18,9 @@ Unpickling is code execution: only authenticated peers' bytes reach
 from __future__ import annotations
 
 import asyncio
-import importlib
 import inspect
 import math
 import pickle
-import sys
 import time
 import traceback
 from collections.abc import Callable, Iterator
@@ -30,10 +28,10 @@ from typing import Any, ClassVar, Final, NamedTuple
 
 import grpc
 
+from workers import shipping
 from workers.worker_pb2 import Failure, Task
 
 MAX_ARGS_BYTES: Final = 64 * 1024 * 1024
-CHUNK_FUNCTION: Final = "workers.tasks:run_chunk"
 
 
 class TaskError(Exception):
@@ -111,83 +109,13 @@ class RemoteTraceback(Exception):
         return f'\n"""\n{self.tb}"""'
 
 
-def function_name(fn: Callable[..., Any]) -> str:
-    """The ``module:qualname`` of an importable callable.
-
-    :raises BadTask: for a lambda, a local function, a bound method of an
-        instance or a callable object, which a worker cannot import by name.
-    """
-    if inspect.ismethod(fn) and not isinstance(fn.__self__, type):
-        # Its qualname names the plain function, which a worker would call
-        # without the instance (with the first argument as self).
-        raise BadTask(
-            f"{fn!r} is a method bound to an instance, which a worker cannot "
-            f"import; pass a module-level function that takes the object as an "
-            f"argument"
-        )
-    module = getattr(fn, "__module__", None)
-    qualname = getattr(fn, "__qualname__", None)
-    if module == "__main__":  # run with `python -m package.module`: its real name
-        spec = getattr(sys.modules["__main__"], "__spec__", None)
-        module = spec.name if spec is not None else None
-    if not module or not qualname or "<" in qualname:
-        raise BadTask(
-            f"{fn!r} cannot be imported by a worker; pass a function defined at "
-            f"the top level of an importable module (not a script run by path, a "
-            f"lambda or a nested function)"
-        )
-    return f"{module}:{qualname}"
-
-
-_resolved: dict[str, Callable[..., Any]] = {}
-
-
-def resolved(name: str) -> Callable[..., Any] | None:
-    """The callable ``name`` if it has been resolved before (no import)."""
-    return _resolved.get(name)
-
-
-def resolve(name: str) -> Callable[..., Any]:
-    """Import the callable ``module:qualname`` (remembered once it resolves).
-
-    Importing runs the module's code, which may take any time: a worker
-    calls this off its event loop unless :func:`resolved` has it.
-
-    :raises BadTask: if ``name`` is not of the form ``module:qualname``.
-    :raises FunctionNotFound: if it does not import.
-    :raises NotCallable: if it is not callable.
-    """
-    module_name, sep, qualname = name.partition(":")
-    dotted = (module_name.split("."), qualname.split("."))
-    if not sep or not all(part.isidentifier() for names in dotted for part in names):
-        raise BadTask(
-            f"task function {name!r} is not of the form module:qualname "
-            f"(dotted Python names)"
-        )
-    try:
-        target: Any = importlib.import_module(module_name)
-    except ImportError as exc:
-        raise FunctionNotFound(f"cannot import module {module_name!r}: {exc}") from None
-    except (Exception, SystemExit) as exc:  # it ran and raised: the worker goes on
-        raise FunctionNotFound(
-            f"importing module {module_name!r} raised {type(exc).__name__}: {exc}"
-        ) from None
-    for part in qualname.split("."):
-        try:
-            target = getattr(target, part)
-        except Exception:
-            raise FunctionNotFound(
-                f"module {module_name!r} has no {qualname!r}"
-            ) from None
-    if not callable(target):
-        raise NotCallable(f"{name!r} is a {type(target).__name__}, not a callable")
-    _resolved[name] = target
-    return target  # type: ignore[no-any-return]
-
-
-def dump_call(args: tuple[Any, ...], kwargs: dict[str, Any]) -> bytes:
-    """The wire bytes of a call's arguments."""
-    return pickle.dumps((args, kwargs), protocol=pickle.HIGHEST_PROTOCOL)
+def dump_call(
+    args: tuple[Any, ...], kwargs: dict[str, Any], *, by_value: bool = False
+) -> bytes:
+    """The wire bytes of a call's arguments: with cloudpickle for a callable
+    shipped by value (its arguments are often of classes shipped with it),
+    else with pickle (cloudpickle for what pickle refuses)."""
+    return shipping.dumps((args, kwargs), by_value=by_value)
 
 
 def check_timeout(task: Task) -> None:
@@ -229,8 +157,9 @@ def load_call(
 
 
 def dump_value(value: Any) -> bytes:
-    """The wire bytes of a return value."""
-    return pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)
+    """The wire bytes of a return value (cloudpickle's when plain pickle
+    refuses it, as it does an object of a class shipped by value)."""
+    return shipping.dumps(value)
 
 
 def failure_of(
@@ -252,7 +181,7 @@ def failure_of(
             code = grpc.StatusCode.UNKNOWN
     kind = type(exc)
     try:
-        pickled = pickle.dumps(exc, protocol=pickle.HIGHEST_PROTOCOL)
+        pickled = shipping.dumps(exc)
         pickle.loads(pickled)  # some exceptions pickle but do not unpickle
     except BaseException:  # a hostile exception may raise anything
         pickled = b""
@@ -348,11 +277,10 @@ class ChunkResult(NamedTuple):
     failures: dict[int, bytes]
 
 
-def run_chunk(function: str, calls: list[tuple[Any, ...]]) -> ChunkResult:
-    """Run ``function`` over many argument tuples as one task (``map``'s
-    chunks). Every call runs, as it would as a task of its own, and each
-    keeps its own value or exception."""
-    fn = resolve(function)
+def run_chunk(fn: Callable[..., Any], calls: list[tuple[Any, ...]]) -> ChunkResult:
+    """Run ``fn`` over many argument tuples as one task (``map``'s chunks,
+    a Task with ``chunk`` set). Every call runs, as it would as a task of
+    its own, and each keeps its own value or exception."""
     started = time.perf_counter()
     values: list[Any] = []
     failures: dict[int, bytes] = {}

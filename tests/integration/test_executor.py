@@ -191,7 +191,10 @@ def test_map_timeout_counts_from_the_call(executor: Client, gate: Gate) -> None:
     clock = [1000.0]
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr("pool.client.time.monotonic", lambda: clock[0])
-        results = executor.map(sample_tasks.gated, [str(gate.path)], [0], timeout=3600)
+        # (One call per task: map's probe for a chunk size waits on this clock.)
+        results = executor.map(
+            sample_tasks.gated, [str(gate.path)], [0], timeout=3600, chunksize=1
+        )
         clock[0] += 3601
         with pytest.raises(concurrent.futures.TimeoutError):
             next(results)

@@ -3,6 +3,7 @@ precise gRPC status, and the worker and dispatcher go on serving."""
 
 from __future__ import annotations
 
+import hashlib
 import pickle
 import threading
 
@@ -33,6 +34,14 @@ pytestmark = pytest.mark.integration
 
 LIMIT = 4096
 S = grpc.StatusCode
+
+_SQUARE_CODE = pickle.dumps(sample_tasks.square)
+_INT_CODE = pickle.dumps(42)
+
+
+def _digest(code: bytes) -> bytes:
+    return hashlib.sha256(code).digest()
+
 
 # (task, status, an anchored piece of the message)
 BAD_TASKS = [
@@ -103,6 +112,27 @@ BAD_TASKS = [
         "timeout_s must be a finite number",
     ),
     (Task(function="tests.sample_tasks:fail", args=call("boom")), S.UNKNOWN, "boom"),
+    # Functions shipped by value (workers/shipping.py).
+    (
+        Task(digest=_digest(_SQUARE_CODE), args=call(2)),
+        S.INVALID_ARGUMENT,
+        "which this stream has not carried",
+    ),
+    (
+        Task(digest=_digest(b"other"), code=_SQUARE_CODE, args=call(2)),
+        S.INVALID_ARGUMENT,
+        "does not match its digest",
+    ),
+    (
+        Task(digest=_digest(_INT_CODE), code=_INT_CODE, args=call(2)),
+        S.INVALID_ARGUMENT,
+        "the shipped object is a int, not a callable",
+    ),
+    (
+        Task(digest=_digest(b"\x80\x05junk"), code=b"\x80\x05junk", args=call()),
+        S.INVALID_ARGUMENT,
+        "does not unpickle in the worker",
+    ),
 ]
 
 

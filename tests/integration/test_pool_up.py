@@ -145,11 +145,12 @@ def test_another_protocol_version_is_refused_at_connect(namespace: str) -> None:
     with running_pool(namespace, "--workers", "1"):
         address, token = locate(namespace)
         worker = list_workers(namespace)[0]
+        ours, other = auth.PROTOCOL_VERSION, str(int(auth.PROTOCOL_VERSION) + 1)
         expected = (
-            "protocol mismatch: this pool speaks shm-pool protocol 1, the caller "
-            "{}; use the same shm-pool version for the pool and its clients"
+            f"protocol mismatch: this pool speaks shm-pool protocol {ours}, the "
+            "caller {}; use the same shm-pool version for the pool and its clients"
         )
-        for protocol, said in [("2", "2"), ("", "none")]:
+        for protocol, said in [(other, other), ("", "none")]:
             metadata = auth.call_metadata(token, protocol)
             with grpc.insecure_channel(address) as channel:
                 stub = DispatcherStub(channel)  # type: ignore[no-untyped-call]
@@ -165,7 +166,7 @@ def test_another_protocol_version_is_refused_at_connect(namespace: str) -> None:
                 with pytest.raises(grpc.RpcError) as refused:
                     list(run)
                 assert refused.value.code() == grpc.StatusCode.FAILED_PRECONDITION
-        with mock.patch.object(auth, "PROTOCOL_VERSION", "2"):
+        with mock.patch.object(auth, "PROTOCOL_VERSION", other):
             with Client(namespace) as client:
                 future = client.submit(sample_tasks.square, 3)
                 with pytest.raises(ProtocolMismatch, match=r"speaks shm-pool protocol"):
@@ -228,6 +229,14 @@ def test_cli_errors_are_one_line(namespace: str) -> None:
     assert (
         none.stderr == "pool: error: workers must be at least 1, got 0 (see --help)\n"
     )
+    for host in ("nosuch.invalid", "192.0.2.1"):  # (no name; TEST-NET-1)
+        unbound = pool_command("up", "-n", namespace, "--host", host)
+        assert unbound.returncode == 2
+        assert unbound.stderr.startswith(
+            f"pool: error: --host: cannot listen on {host!r}: "
+        )
+        assert unbound.stderr.endswith("; give an address of this machine\n")
+        assert unbound.stderr.count("\n") == 1
     paths.remove_namespace_dir(namespace)
 
 

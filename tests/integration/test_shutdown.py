@@ -45,9 +45,9 @@ def test_a_drain_delivers_every_result_a_worker_finishes(
     namespace: str, tmp_path: Path
 ) -> None:
     """SIGINT while tasks run: they finish and their callers get their
-    results (through Client and through `pool submit`); a task that no
-    worker had (here: none has its tag) fails at once with PoolStopping,
-    while the others still run.
+    results (through Client and through `pool submit`); tasks that no
+    worker had (here: past what the workers take) fail at once with
+    PoolStopping, while the others still run.
 
     Regression: the dispatcher dropped a draining worker's link on its
     worker-dropped event, before reading its last results, and the callers
@@ -58,7 +58,6 @@ def test_a_drain_delivers_every_result_a_worker_finishes(
     with (
         running_pool(namespace, "--workers", "3") as pool,
         Client(namespace) as client,
-        Client(namespace, tags=("nowhere",)) as unplaceable,
     ):
         running = client.submit(sample_tasks.started_then_gated, started, gate, done, 7)
         cli = _python(
@@ -67,14 +66,26 @@ def test_a_drain_delivers_every_result_a_worker_finishes(
             repr(cli_started), repr(gate), repr(cli_done), "8",
         )  # fmt: skip
         try:
-            queued = unplaceable.submit(sample_tasks.square, 3)
             wait_until(lambda: os.path.exists(started) and os.path.exists(cli_started))
+            # 3 workers take at most 4 tasks each: the rest wait in the queue.
+            more = [client.submit(sample_tasks.gated, gate, i) for i in range(40)]
+            wait_until(lambda: sum(f.running() for f in more) >= 1)
             pool.proc.send_signal(signal.SIGINT)
             pool.wait_for("stopping ")
-            with pytest.raises(PoolStopping, match="never sent to a worker"):
-                queued.result(timeout=30)
+            # A task a worker took is RUNNING until the gate opens; the rest fail.
+            wait_until(lambda: all(f.running() or f.done() for f in more))
+            never_sent = [f for f in more if f.done()]
+            assert len(never_sent) >= 40 - 3 * 4
+            for future in never_sent:
+                with pytest.raises(
+                    PoolStopping, match=r"never sent to a worker|never ran"
+                ):
+                    future.result(timeout=0)
             assert not running.done()
             Path(gate).touch()
+            for i, future in enumerate(more):
+                if future not in never_sent:
+                    assert future.result(timeout=30) == i
             assert running.result(timeout=30) == 7 and os.path.exists(done)
             out, err = cli.communicate(timeout=30)
             assert (cli.returncode, out, err) == (0, "8\n", "")

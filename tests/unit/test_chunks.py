@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 
 from pool.client import CHUNK_TARGET_S, MAX_CHUNK_BYTES, MIN_CHUNKS, auto_chunksize
+from tests import sample_tasks
 from workers import tasks
 
 
@@ -31,7 +32,7 @@ def test_there_are_always_enough_chunks_to_share() -> None:
 
 
 def test_a_chunk_keeps_each_calls_value_and_exception() -> None:
-    chunk = tasks.run_chunk("tests.sample_tasks:fail_on", [(2, 1), (2, 2), (2, 3)])
+    chunk = tasks.run_chunk(sample_tasks.fail_on, [(2, 1), (2, 2), (2, 3)])
     assert chunk.values == [1, None, 3] and list(chunk.failures) == [1]
     items = tasks.chunk_items(chunk)
     assert next(items) == 1

@@ -29,7 +29,8 @@ class Sent:
         self.handlers: dict[int, FutureHandler] = {}
 
     def submit(self) -> tuple[int, Future[object]]:
-        submission = self.submissions.make(sample_tasks.square, (3,), {})
+        ref = self.submissions.reference(sample_tasks.square)
+        submission, _ = self.submissions.make(ref, (3,), {})
         future: Future[object] = Future()
         handler = FutureHandler(future)
         self.handlers[submission.task.id] = handler

@@ -347,6 +347,27 @@ async def test_a_task_with_no_matching_worker_expires() -> None:
         assert isinstance(error, NoWorkerAvailable) and error.tags == ("gpu",)
 
 
+async def test_once_started_a_task_no_worker_has_tags_for_fails_at_once() -> None:
+    """Before the pool has started, a tagged task waits (its worker may be
+    on its way); once the supervisor says every worker started, a waiting
+    one fails, and so does the next at once, naming the tags that exist.
+    A task a worker has tags for is not touched."""
+    async with world(no_worker_timeout_s=3600.0) as w:
+        w.add("a", capacity=1, tags=frozenset({"cpu", "big"}))
+        w.add("b", capacity=1, tags=frozenset({"cpu"}))
+        waiting = w.submit(("gpu",))
+        matched = w.submit(("cpu", "big"))
+        assert waiting.client_id not in w.owner.results
+        w.router.started()
+        error = w.owner.error(waiting.client_id)
+        assert isinstance(error, NoWorkerAvailable) and error.known == ("big", "cpu")
+        assert "the tags its workers have: big, cpu" in str(error)
+        late = w.submit(("tpu",))
+        assert isinstance(w.owner.error(late.client_id), NoWorkerAvailable)
+        assert matched.client_id not in w.owner.results and not matched.finished
+        assert w.router.queued == 0
+
+
 async def test_a_broken_link_to_a_live_worker_reconnects() -> None:
     """A stream that breaks while its worker is alive and registered is
     opened again, and the tasks it had go out again on the new one."""

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import functools
 import pickle
 
 import grpc
@@ -13,41 +12,6 @@ from tests import sample_tasks
 from workers import tasks
 
 pytestmark = pytest.mark.timeout(10)
-
-
-def test_importable_callables_travel_by_name_and_resolve_to_themselves() -> None:
-    """A module function, a class method and a static method are named
-    module:qualname and a worker's resolve finds the same callable."""
-    for fn in (
-        sample_tasks.square,
-        sample_tasks.Scaler.unit,
-        sample_tasks.Scaler.twice,
-    ):
-        name = tasks.function_name(fn)
-        assert name.startswith("tests.sample_tasks:")
-        assert tasks.resolve(name)(21) == fn(21)
-
-
-@pytest.mark.parametrize(
-    ("fn", "message"),
-    [
-        (sample_tasks.Scaler(42).scale, "is a method bound to an instance"),
-        (lambda x: x, "cannot be imported by a worker"),
-        (functools.partial(sample_tasks.square, 2), "cannot be imported by a worker"),
-        (sample_tasks.Scaler(1), "cannot be imported by a worker"),
-    ],
-    ids=["bound method", "lambda", "partial", "callable object"],
-)
-def test_callables_a_worker_cannot_import_by_name_are_refused(
-    fn: object, message: str
-) -> None:
-    """Refused with BadTask, rather than sent under a name that means
-    something else.
-
-    Regression: a bound method was sent as "module:Class.method", and the
-    worker called the plain function with the first argument as self."""
-    with pytest.raises(tasks.BadTask, match=message):
-        tasks.function_name(fn)  # type: ignore[arg-type]
 
 
 def test_calls_round_trip_and_bad_ones_are_refused() -> None:

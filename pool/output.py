@@ -1,0 +1,55 @@
+"""Reading what a child process writes to stdout and stderr, a line at a
+time, for the supervisor to show (``[w3 pid=1234] hello``).
+
+A child's stdout and stderr share one pipe (``--output-fd``), so its lines
+keep their order. A line longer than :data:`MAX_LINE_BYTES` is shown in
+pieces of that size; the pipe is read without blocking the loop, and what a
+child writes past what the view takes waits in the pipe (its writes block):
+nothing grows without bound here.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from collections.abc import AsyncIterator
+from typing import Final
+
+MAX_LINE_BYTES: Final = 8192
+READ_BYTES: Final = 65536
+
+
+async def output_lines(fd: int) -> AsyncIterator[str]:
+    """The lines written to the pipe ``fd`` (without their newline) until
+    every writer has closed it. The caller closes ``fd``."""
+    loop = asyncio.get_running_loop()
+    os.set_blocking(fd, False)
+    readable = asyncio.Event()
+    loop.add_reader(fd, readable.set)
+    pending = b""
+    try:
+        while True:
+            await readable.wait()
+            readable.clear()
+            try:
+                data = os.read(fd, READ_BYTES)
+            except BlockingIOError:
+                continue
+            if not data:
+                break
+            *lines, pending = (pending + data).split(b"\n")
+            if len(pending) > MAX_LINE_BYTES:  # the rest of it comes later
+                cut = len(pending) - len(pending) % MAX_LINE_BYTES
+                lines.append(pending[:cut])
+                pending = pending[cut:]
+            for line in lines:
+                for start in range(0, max(len(line), 1), MAX_LINE_BYTES):
+                    yield _text(line[start : start + MAX_LINE_BYTES])
+        if pending:
+            yield _text(pending)
+    finally:
+        loop.remove_reader(fd)
+
+
+def _text(line: bytes) -> str:
+    return line.rstrip(b"\r").decode("utf-8", "replace")

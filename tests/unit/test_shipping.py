@@ -1,0 +1,161 @@
+"""How a callable travels (workers.shipping, workers.imports), in-process:
+by name when a worker can import it, else by value, once per stream."""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import pickle
+from typing import Any
+
+import pytest
+
+from pool.client import Submissions
+from pool.connection import Ledger
+from tests import sample_tasks
+from workers import imports, shipping, tasks
+from workers.worker_pb2 import Task
+
+pytestmark = pytest.mark.timeout(10)
+
+
+def _run_in_worker(ref: shipping.Reference, *args: Any) -> Any:
+    """What a worker does with the reference: find the callable, call it."""
+    task = Task(function=ref.name, digest=ref.digest)
+    return imports.find(task, ref.code)(*args)
+
+
+def test_importable_callables_travel_by_name_and_resolve_to_themselves() -> None:
+    for fn in (sample_tasks.square, sample_tasks.Scaler.twice, sample_tasks.Scaler):
+        ref = shipping.reference(fn)
+        assert not ref.by_value and ref.name.startswith("tests.sample_tasks:")
+        assert imports.resolve(ref.name) is fn
+
+
+def _nested() -> Any:
+    base = 10
+
+    def add(x: int) -> int:
+        return base + x
+
+    return add
+
+
+@pytest.mark.parametrize(
+    ("fn", "expected"),
+    [
+        (lambda x: x * 3, 63),
+        (_nested(), 31),
+        (functools.partial(sample_tasks.fail_on, 5), 21),
+        (sample_tasks.Scaler(42).scale, 42 * 21),
+        (sample_tasks.Scaler.unit, 21),
+    ],
+    ids=["lambda", "closure", "partial", "bound method", "classmethod"],
+)
+def test_other_callables_travel_by_value_and_keep_their_state(
+    fn: Any, expected: int
+) -> None:
+    """Regression: a bound method travelled as "module:Class.method", and the
+    worker called the plain function with the argument as self."""
+    ref = shipping.reference(fn)
+    assert ref.by_value and not ref.name
+    assert ref.digest == hashlib.sha256(ref.code).digest()
+    assert _run_in_worker(ref, 21) == expected
+
+
+def test_a_shipped_module_travels_by_value() -> None:
+    ref = shipping.reference(sample_tasks.square, ship_modules=["tests"])
+    assert ref.by_value
+    assert _run_in_worker(ref, 7) == 49
+
+
+def test_a_wrapper_registered_under_anothers_name_goes_by_value() -> None:
+    """A name that leads elsewhere (a decorator that did not copy the
+    function) would call the wrong thing: the callable travels by value."""
+
+    def square(x: int) -> int:
+        return -x
+
+    square.__module__, square.__qualname__ = "tests.sample_tasks", "square"
+    ref = shipping.reference(square)
+    assert ref.by_value and _run_in_worker(ref, 3) == -3
+
+
+def test_both_ends_of_a_stream_agree_on_what_it_carried() -> None:
+    """The sender attaches code only when the receiver lacks it, through
+    evictions: a long run of many functions never leaves the receiver
+    without the code of a task."""
+    sender, receiver = (
+        shipping.StreamCache(4, 1 << 20),
+        shipping.StreamCache(4, 1 << 20),
+    )
+    codes = {i: pickle.dumps(("f", i)) for i in range(10)}
+    digests = {i: hashlib.sha256(code).digest() for i, code in codes.items()}
+    attached = 0
+    for step in range(500):
+        i = (step * 7 + step // 3) % 10
+        sent = sender.outgoing(digests[i], codes[i])
+        attached += bool(sent)
+        assert receiver.incoming(digests[i], sent) == codes[i]
+    assert 10 <= attached < 500
+
+
+def test_a_receiver_refuses_code_that_is_missing_or_not_its_digest() -> None:
+    cache = shipping.StreamCache()
+    code = pickle.dumps(len)
+    with pytest.raises(shipping.ShippingError, match="has not carried"):
+        cache.incoming(hashlib.sha256(code).digest(), b"")
+    with pytest.raises(shipping.ShippingError, match="does not match"):
+        cache.incoming(hashlib.sha256(b"other").digest(), code)
+
+
+def test_a_shipped_function_needing_a_missing_module_says_where_workers_look() -> None:
+    code = pickle.dumps(sample_tasks.square).replace(
+        b"tests.sample_tasks", b"tests.sample_taskz"
+    )
+    task = Task(digest=hashlib.sha256(code).digest())
+    with pytest.raises(tasks.FunctionNotFound) as raised:
+        imports.find(task, code)
+    message = str(raised.value)
+    assert "'tests.sample_taskz'" in message and "sys.path[0]=" in message
+    assert "--path" in message and "ship_modules" in message
+
+
+def test_values_plain_pickle_refuses_fall_back_to_cloudpickle() -> None:
+    value = [lambda: 5]
+    assert pickle.loads(shipping.dumps(value))[0]() == 5
+
+
+def test_a_client_stream_carries_a_function_once() -> None:
+    """50 submissions of one lambda: its bytes go out with the first only,
+    and again once on a new stream (after a reconnect)."""
+    submissions = Submissions((), None)
+    ledger = Ledger()
+    ref = submissions.reference(lambda x: x + 1)
+    assert ref.by_value
+
+    def carried() -> list[bytes]:
+        return [
+            s.task.code
+            for batch in ledger.batches()
+            for s in batch.submissions
+            if s.task.digest == ref.digest
+        ]
+
+    for i in range(50):
+        submission, code = submissions.make(ref, (i,), {})
+        ledger.add(submission, _Ignore(), code)
+    sent = carried()
+    assert len(sent) == 50 and sent[0] == ref.code and not any(sent[1:])
+    ledger.new_stream()
+    ledger.resend_all()
+    again = carried()
+    assert len(again) == 50 and again[0] == ref.code and not any(again[1:])
+
+
+class _Ignore:
+    def accepted(self) -> None:
+        pass
+
+    def resolve(self, result: object) -> None:
+        pass

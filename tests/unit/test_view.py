@@ -1,0 +1,79 @@
+"""`pool up`'s live view, rendered at 80 columns (pool.view)."""
+
+from __future__ import annotations
+
+import io
+import uuid
+
+import pytest
+from rich.console import Console
+
+from discovery import DiscoveryEvent, WorkerInfo
+from pool.view import LiveView, Rate, shorten_left
+
+pytestmark = pytest.mark.timeout(10)
+
+RUNTIME = "unix:/run/user/1000/shm-pool/shmp-0123456789abcdef01234567"
+
+
+def _worker(pid: int, done: int = 0, status: str = "ready") -> WorkerInfo:
+    uid = uuid.UUID(int=pid)
+    return WorkerInfo(
+        uid,
+        f"{RUNTIME}/w-{uid.hex[-12:]}.sock",
+        pid,
+        "0.1.0",
+        status=status,  # type: ignore[arg-type]
+        extra={"running": "1", "done": str(done), "last_ms": "0.4"},
+        capacity=4,
+    )
+
+
+def _screen(view: LiveView) -> list[str]:
+    out = io.StringIO()
+    Console(file=out, width=80, color_system=None).print(view.render())
+    return out.getvalue().splitlines()
+
+
+def test_at_80_columns_every_line_fits_and_workers_stay_apart() -> None:
+    quiet = Console(file=io.StringIO(), width=80, color_system=None)
+    view = LiveView(
+        "a-rather-long-namespace-name-for-a-pool", quiet, paths=("/srv/app",)
+    )
+    try:
+        for pid in range(1000, 1008):
+            view.event(DiscoveryEvent("worker-added", _worker(pid)))
+        view.note("ready", namespace="n", workers=8, address=RUNTIME + "/d.sock")
+        view.output("w3", 1003, "x" * 200)
+        view.tick(5)
+        screen = _screen(view)
+        assert all(len(line) <= 80 for line in screen), screen
+        title = screen[0]
+        assert "8 workers" in title and "queue 5" in title and "tasks/s" in title
+        assert "ready" in title and "imports from /srv/app" in screen[1]
+        rows = [line for line in screen if line.lstrip().startswith("100")]
+        tails = {uuid.UUID(int=pid).hex[-12:] for pid in range(1000, 1008)}
+        assert len(rows) == 8
+        assert all(any(tail in row for tail in tails) for row in rows)
+        assert "0.4" in rows[0]  # the last task's duration, in ms
+        assert any(line.startswith("[w3 pid=1003] xxx") for line in screen)
+        assert "Ctrl-C drains" in screen[-1]
+        view.note("stopping")
+        assert "Ctrl-C again stops at once" in _screen(view)[-1]
+        view.note("stopped")
+        assert not any("Ctrl-C" in line for line in _screen(view))
+    finally:
+        view.close()
+
+
+def test_tasks_per_second_follow_the_workers_counters() -> None:
+    rate = Rate()
+    assert rate.per_second(0, now=100.0) == 0.0
+    assert rate.per_second(500, now=101.0) == 500.0
+    assert rate.per_second(1500, now=102.0) == 750.0
+    assert rate.per_second(1500, now=110.0) == 0.0  # none in the last window
+
+
+def test_addresses_are_shortened_from_the_left() -> None:
+    assert shorten_left("127.0.0.1:5000", 22) == "127.0.0.1:5000"
+    assert shorten_left("unix:/a/long/path/w-0123.sock", 12) == "…w-0123.sock"
