@@ -20,6 +20,10 @@ dispatcher also gets a pipe only the supervisor writes to
 (tasks whose tags no worker has fail at once from then on), and when the
 pool drains.
 
+With ``capture_output`` (``pool up``), each child's stdout and stderr
+share a pipe to the supervisor (``--output-fd``), whose lines the view
+shows prefixed by the child (``[w3 pid=1234] ...``).
+
 A child that dies is reaped at once and replaced (with exponential
 back-off for one that dies before it is ready). A worker whose status
 stays ``"stuck"`` for ``stuck_grace_s`` is stopped and so replaced. When
@@ -220,17 +224,14 @@ class Supervisor:
             try:
                 await self._start_all()
                 await self._until_registered()
-                self.view.note(
-                    "ready",
-                    namespace=self.options.namespace,
-                    workers=len(self._workers),
-                    address=self.address,
-                    **(
-                        {"path": ":".join(self.options.paths)}
-                        if self.options.paths
-                        else {}
-                    ),
-                )
+                ready: dict[str, Any] = {
+                    "namespace": self.options.namespace,
+                    "workers": len(self._workers),
+                    "address": self.address,
+                }
+                if self.options.paths:
+                    ready["path"] = ":".join(self.options.paths)
+                self.view.note("ready", **ready)
                 self._ready = True
                 self._tell_dispatcher(started=True)
                 if self._on_ready is not None:
