@@ -28,8 +28,9 @@ Importing a task's module (the first time it is named, or again when
 ``--reload`` sees it changed), unpickling a function shipped by value (the
 first time its digest comes; each stream keeps the pickles it carried,
 :mod:`workers.shipping`) and unpickling large arguments of coroutine tasks
-run in daemon threads, never on the loop. A task that cannot be run as sent is answered alone with its precise
-status (see ``proto/workers/worker.proto``); its stream goes on.
+run in daemon threads, never on the loop. A task that cannot be run as
+sent is answered alone with its precise status (see
+``proto/workers/worker.proto``); its stream goes on.
 """
 
 from __future__ import annotations
@@ -144,6 +145,7 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
         self._idle = asyncio.Event()
         self._idle.set()
         self.draining = False
+        self._ending = False  # end_streams was called
         self.running = 0  # tasks accepted and not answered
         self.stuck = 0  # slot threads still running a task already answered
         # Set whenever ``stuck`` or ``pace`` changes: the worker's capacity
@@ -165,8 +167,9 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
         await self._idle.wait()
 
     def end_streams(self) -> None:
-        """End every Run stream cleanly (once drained), so that stopping the
-        server cancels nothing."""
+        """End every Run stream cleanly (once drained), and any opened from
+        now on at once, so that stopping the server cancels nothing."""
+        self._ending = True
         for stream in self._streams:
             stream.outbox.close()
 
@@ -182,6 +185,8 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
     ) -> None:
         stream = _Stream()
         self._streams.add(stream)
+        if self._ending:  # (a dispatcher reconnecting to a worker on its way out)
+            stream.outbox.close()
         try:
             async with asyncio.TaskGroup() as group:
                 stream.group = group
