@@ -96,8 +96,8 @@ def build_parser() -> argparse.ArgumentParser:
         action="append",
         default=[],
         metavar="DIR",
-        help="a directory workers import task modules from, before the rest "
-        "(repeatable; default: the directory `pool up` runs in)",
+        help="add a directory workers import task modules from (repeatable); "
+        "the directory `pool up` runs in is always one, after those given",
     )
     up.add_argument(
         "--reload",
@@ -385,17 +385,17 @@ def cmd_up(args: argparse.Namespace) -> int:
 
 
 def _import_paths(given: Sequence[str]) -> tuple[str, ...]:
-    """The workers' first import directories: ``--path`` ones, else this
+    """The workers' first import directories: the ``--path`` ones, then this
     directory (where a user's ``tasks.py`` is when they type ``pool up``).
 
     :raises UsageError: for a path that is not a directory.
     """
     found = []
-    for path in given or [os.getcwd()]:
+    for path in given:
         if not os.path.isdir(path):
             raise UsageError(f"--path {path!r} is not a directory")
         found.append(os.path.abspath(path))
-    return tuple(dict.fromkeys(found))
+    return tuple(dict.fromkeys([*found, os.getcwd()]))
 
 
 async def _up(options: Options, view: View) -> None:

@@ -14,7 +14,7 @@ import pytest
 from discovery import list_workers, paths
 from pool import Client
 from tests import sample_tasks
-from tests.helpers import DEADLINE_S, wait_until
+from tests.helpers import DEADLINE_S, ROOT, wait_until
 from tests.pools import pool_command, running_pool
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
@@ -46,7 +46,7 @@ def test_edit_a_task_module_and_see_the_change(namespace: str, tmp_path: Path) -
     (no PYTHONPATH, no --path): an edit shows in the next task."""
     (tmp_path / "mytasks.py").write_text(TASKS_V1)
     with running_pool(namespace, "--workers", "1", "--reload", cwd=tmp_path) as pool:
-        assert f"path={tmp_path}" in pool.ready_line
+        assert f"path={tmp_path}\n" in pool.ready_line
         first = pool_command("submit", "-n", namespace, "mytasks:version")
         assert (first.returncode, first.stdout) == (0, "1\n"), first.stderr
         (tmp_path / "mytasks.py").write_text(TASKS_V2)
@@ -55,12 +55,14 @@ def test_edit_a_task_module_and_see_the_change(namespace: str, tmp_path: Path) -
 
 
 def test_path_adds_where_workers_import_from(namespace: str, tmp_path: Path) -> None:
-    """--path DIR from anywhere; without it, a module elsewhere is not found
-    and the error says where the worker looks."""
+    """--path DIR adds to where workers import from, before the directory
+    `pool up` runs in; without it, a module elsewhere is not found and the
+    error says where the worker looks."""
     code = tmp_path / "code"
     code.mkdir()
     (code / "mytasks.py").write_text(TASKS_V1)
-    with running_pool(namespace, "--workers", "1", "--path", str(code)):
+    with running_pool(namespace, "--workers", "1", "--path", str(code)) as pool:
+        assert f"path={code}:{ROOT}\n" in pool.ready_line  # (it runs in ROOT)
         done = pool_command("submit", "-n", namespace, "mytasks:version")
         assert (done.returncode, done.stdout) == (0, "1\n"), done.stderr
     other = namespace + "-b"
