@@ -98,8 +98,13 @@ def test_forked_workers_inherit_nothing_through_64_replacements(
                 killed |= current
 
                 def replaced(gone: set[int] = current) -> bool:
+                    """16 new workers registered, and the supervisor has read
+                    each one's READY line (it may lag the registry: a worker
+                    killed before that is a start that failed, not a start)."""
                     now = {w.pid for w in list_workers(namespace)}
-                    return len(now) == 16 and not now & gone
+                    up.lines.drain()
+                    started = set(workers_started(up))
+                    return len(now) == 16 and not now & gone and now <= started
 
                 wait_until(replaced, timeout_s=60)
                 for pid in {w.pid for w in list_workers(namespace)}:
@@ -113,7 +118,7 @@ def test_forked_workers_inherit_nothing_through_64_replacements(
         while up.lines.next():  # the rest of its output
             pass
         exits = [line for line in up.lines.seen if line.startswith("worker-exited")]
-        assert len(killed) == 64 and len(workers_started(up)) == 80
+        assert len(killed) == 64 and len(workers_started(up)) == 80, up.lines.seen
         crashed = [
             line
             for line in exits
