@@ -40,6 +40,7 @@ if TYPE_CHECKING:
         sweep_dead,
     )
     from discovery.publisher import Publisher
+    from discovery.remote import RedisDiscovery
     from discovery.subscriber import Subscriber, SubscriberStats
 
 _HOMES = {
@@ -52,6 +53,7 @@ _HOMES = {
     "NamespaceInUse": "discovery.errors",
     "NamespaceNotFound": "discovery.errors",
     "Publisher": "discovery.publisher",
+    "RedisDiscovery": "discovery.remote",
     "RegistryCorrupt": "discovery.errors",
     "RegistryFull": "discovery.errors",
     "RegistryMismatch": "discovery.errors",
@@ -93,6 +95,7 @@ __all__ = [
     "NamespaceInUse",
     "NamespaceNotFound",
     "Publisher",
+    "RedisDiscovery",
     "RegistryCorrupt",
     "RegistryFull",
     "RegistryMismatch",

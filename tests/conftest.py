@@ -18,6 +18,7 @@ import pytest
 from discovery import paths
 from tests.helpers import children_of
 from tests.pools import processes_mentioning
+from tests.redis_server import RedisServer
 
 _RUNTIME = tempfile.mkdtemp(prefix="shmp-test-runtime-")
 os.chmod(_RUNTIME, 0o700)
@@ -81,3 +82,14 @@ def private_runtime_dir() -> Iterator[None]:
     for entry in sorted(runtime.rglob("*"), reverse=True):
         entry.rmdir() if entry.is_dir() else entry.unlink()
     runtime.rmdir()
+
+
+@pytest.fixture
+def redis_server() -> Iterator[RedisServer]:
+    """A real redis-server of this test's own, stopped after it."""
+    server = RedisServer()
+    server.start()
+    try:
+        yield server
+    finally:
+        server.close()
