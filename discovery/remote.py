@@ -70,6 +70,8 @@ Filter = Callable[[WorkerInfo], bool]
 # KEYS: workers, leases, events. ARGV: type, uid, info, ttl ms, maxlen.
 # Returns 1 if an event was appended, 0 if nothing changed, -1 if an added
 # worker is registered already, -2 if an updated or dropped one is not.
+# The type "renew" is a heartbeat: it renews the lease, and puts the entry
+# back (added) if Redis lost it, or as it is now (updated) if it differs.
 _PUBLISH: Final = """
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
@@ -83,26 +85,12 @@ if kind == 'worker-dropped' then
   redis.call('XADD', KEYS[3], 'MAXLEN', '~', maxlen, '*', 't', kind, 'u', uid)
   return 1
 end
-if kind == 'worker-added' and old then return -1 end
-if kind == 'worker-updated' and not old then return -2 end
+if kind == 'renew' then
+  if old then kind = 'worker-updated' else kind = 'worker-added' end
+elseif kind == 'worker-added' and old then return -1
+elseif kind == 'worker-updated' and not old then return -2 end
 redis.call('ZADD', KEYS[2], now + ttl, uid)
 if old == info then return 0 end
-redis.call('HSET', KEYS[1], uid, info)
-redis.call('XADD', KEYS[3], 'MAXLEN', '~', maxlen, '*', 't', kind, 'u', uid, 'i', info)
-return 1
-"""
-
-# A heartbeat: renew the lease; put the entry back (added) if it is gone,
-# or as it is now (updated) if it differs. KEYS and ARGV as _PUBLISH, no type.
-_RENEW: Final = """
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-local uid, info, ttl, maxlen = ARGV[1], ARGV[2], tonumber(ARGV[3]), ARGV[4]
-local old = redis.call('HGET', KEYS[1], uid)
-redis.call('ZADD', KEYS[2], now + ttl, uid)
-if old == info then return 0 end
-local kind = 'worker-updated'
-if not old then kind = 'worker-added' end
 redis.call('HSET', KEYS[1], uid, info)
 redis.call('XADD', KEYS[3], 'MAXLEN', '~', maxlen, '*', 't', kind, 'u', uid, 'i', info)
 return 1
@@ -238,7 +226,6 @@ class RedisPublisher:
     async def __aenter__(self) -> Self:
         self._client = _client(self.url)
         self._publish = self._client.register_script(_PUBLISH)
-        self._renew = self._client.register_script(_RENEW)
         group = asyncio.TaskGroup()
         await group.__aenter__()
         self._group = group
@@ -307,13 +294,7 @@ class RedisPublisher:
             await asyncio.sleep(self._heartbeat_s)  # the beat itself
             for uid, data in list(self._mine.items()):
                 try:
-                    beat: list[str | bytes | int] = [
-                        uid.hex,
-                        data,
-                        self._ttl_ms,
-                        STREAM_MAXLEN,
-                    ]
-                    await self._renew(keys=self._keys, args=beat)
+                    await self._run(self._publish, "renew", uid, data)
                 except _UNAVAILABLE as exc:
                     log.debug("heartbeat of %s missed: %s", uid, exc)
                     break
