@@ -100,6 +100,13 @@ def build_parser() -> argparse.ArgumentParser:
         "the directory `pool up` runs in is always one, after those given",
     )
     up.add_argument(
+        "--discovery",
+        metavar="URL",
+        help="register workers in Redis at redis://HOST:PORT instead of this "
+        "machine's shared memory, so workers on other hosts can join (default: "
+        "shared memory)",
+    )
+    up.add_argument(
         "--reload",
         action="store_true",
         help="a worker imports a task's module again when its source file has "
@@ -369,6 +376,7 @@ def cmd_up(args: argparse.Namespace) -> int:
             capture_output=True,
             paths=_import_paths(args.path),
             reload=args.reload,
+            discovery_url=args.discovery,
         )
     except ValueError as exc:
         raise UsageError(f"{exc} (see --help)") from None

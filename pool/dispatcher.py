@@ -35,8 +35,7 @@ from typing import Final
 import uvloop
 from grpc import aio
 
-from discovery import Subscriber, paths
-from discovery.liveness import is_alive
+from discovery import paths, registries
 from pool import dispatcher_pb2_grpc
 from pool.dispatcher_pb2 import (
     ListWorkersReply,
@@ -206,15 +205,18 @@ async def serve(
     ready_fd: int | None = None,
     no_worker_timeout_s: float = NO_WORKER_TIMEOUT_S,
     max_queued: int = MAX_QUEUED,
+    discovery_url: str | None = None,
 ) -> None:
-    """Serve the namespace's clients until told to stop; see the module doc."""
+    """Serve the namespace's clients until told to stop; see the module doc.
+    Workers are found in the namespace's shared memory, or in the registry
+    at ``discovery_url`` (``redis://...``)."""
     stopper = lifecycle.Stopper(parent_fd)
     try:
         token = auth.read_token(namespace)
         router = Router(
             namespace,
             WorkerLink.connector(token),
-            is_alive=is_alive,
+            is_alive=registries.liveness_for(discovery_url),
             no_worker_timeout_s=no_worker_timeout_s,
             max_queued=max_queued,
         )
@@ -229,7 +231,7 @@ async def serve(
         await server.start()
         try:
             async with router, asyncio.TaskGroup() as group:
-                following = group.create_task(_follow(namespace, router))
+                following = group.create_task(_follow(namespace, router, discovery_url))
                 obeying = None
                 if control_fd is not None:
                     obeying = group.create_task(_obey(control_fd, router, stopper))
@@ -251,8 +253,8 @@ async def serve(
         stopper.close()
 
 
-async def _follow(namespace: str, router: Router) -> None:
-    async for event in Subscriber(namespace):
+async def _follow(namespace: str, router: Router, url: str | None) -> None:
+    async for event in registries.subscriber_for(namespace, url):
         router.on_event(event)
 
 
@@ -304,6 +306,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--output-fd", type=int, help="send stdout and stderr here, line by line"
     )
     parser.add_argument(
+        "--discovery",
+        metavar="URL",
+        help="find workers in the registry at redis://HOST:PORT instead of the "
+        "namespace's shared memory",
+    )
+    parser.add_argument(
         "--no-worker-timeout-s",
         type=float,
         default=NO_WORKER_TIMEOUT_S,
@@ -332,6 +340,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 ready_fd=args.ready_fd,
                 no_worker_timeout_s=args.no_worker_timeout_s,
                 max_queued=args.max_queued,
+                discovery_url=args.discovery,
             )
         )
     except KeyboardInterrupt:

@@ -48,7 +48,7 @@ from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import Any, Final
 
-from discovery import LocalDiscovery, NamespaceInUse, Subscriber, paths, sweep_dead
+from discovery import LocalDiscovery, NamespaceInUse, paths, registries, sweep_dead
 from pool.children import (
     START_TIMEOUT_S,
     ChildFailed,
@@ -122,9 +122,13 @@ class Options:
     capture_output: bool = False
     paths: tuple[str, ...] = ()  # where workers import task modules from first
     reload: bool = False  # workers re-import a task module whose source changed
+    # Workers register in Redis at this URL, not in the namespace's shared
+    # memory (which still holds the pool's ownership, token and address).
+    discovery_url: str | None = None
 
     def __post_init__(self) -> None:
         paths.validate_namespace(self.namespace)
+        registries.check_url(self.discovery_url)
         if self.workers < 1:
             raise ValueError(f"workers must be at least 1, got {self.workers}")
         if self.concurrency < 1:
@@ -262,6 +266,8 @@ class Supervisor:
     async def _start_all(self) -> None:
         opts = self.options
         common = ["--namespace", opts.namespace]  # (and the descriptors: _start)
+        if opts.discovery_url:
+            common += ["--discovery", opts.discovery_url]
         host = ["--host", opts.host] if opts.host else []
         dispatcher = Child(
             "dispatcher",
@@ -412,7 +418,10 @@ class Supervisor:
     # -- following -----------------------------------------------------------
 
     async def _follow(self) -> None:
-        async for event in Subscriber(self.options.namespace):
+        events = registries.subscriber_for(
+            self.options.namespace, self.options.discovery_url
+        )
+        async for event in events:
             info = event.worker_info
             uid = str(info.uid)
             if event.type == "worker-dropped":

@@ -39,7 +39,7 @@ from grpc import aio
 from grpc_health.v1 import health, health_pb2_grpc
 
 import discovery
-from discovery import DiscoveryError, Publisher, Status, WorkerInfo, paths
+from discovery import DiscoveryError, Status, WorkerInfo, paths, registries
 from workers import auth, imports, lifecycle, tasks, worker_pb2_grpc
 from workers.service import WorkerService
 
@@ -70,6 +70,7 @@ class Config:
     output_fd: int | None = None
     paths: tuple[str, ...] = ()
     reload: bool = False
+    discovery_url: str | None = None  # None: the namespace's shared memory
 
 
 def parse_args(argv: Sequence[str] | None = None) -> Config:
@@ -141,6 +142,12 @@ def parse_args(argv: Sequence[str] | None = None) -> Config:
         action="store_true",
         help="re-import a task's module when its source file has changed",
     )
+    parser.add_argument(
+        "--discovery",
+        metavar="URL",
+        help="publish into the registry at redis://HOST:PORT instead of the "
+        "namespace's shared memory",
+    )
     args = parser.parse_args(argv)
     if args.concurrency < 1 or args.prefetch < 1:
         parser.error("--concurrency and --prefetch must be at least 1")
@@ -151,6 +158,7 @@ def parse_args(argv: Sequence[str] | None = None) -> Config:
         )
     try:
         paths.validate_namespace(args.namespace)
+        registries.check_url(args.discovery)
     except ValueError as exc:
         parser.error(str(exc))
     tags = frozenset(t.strip() for t in args.tags.split(",") if t.strip())
@@ -167,6 +175,7 @@ def parse_args(argv: Sequence[str] | None = None) -> Config:
         args.output_fd,
         tuple(os.path.abspath(p) for p in args.path),
         args.reload,
+        args.discovery,
     )
 
 
@@ -223,7 +232,8 @@ async def _serve(config: Config, stopper: lifecycle.Stopper) -> None:
             capacity=config.concurrency * config.prefetch,
         )
         reporter = _Reporter(service, info, config.prefetch, changed)
-        async with Publisher(config.namespace) as publisher:
+        registry = registries.publisher_for(config.namespace, config.discovery_url)
+        async with registry as publisher:
             await publisher.publish("worker-added", info)
             lifecycle.announce_ready(config.ready_fd, uid=str(uid), address=address)
             async with asyncio.TaskGroup() as group:
@@ -292,7 +302,7 @@ class _Reporter:
             1, free * self._prefetch * (SHORT_PREFETCH if pace == "short" else 1)
         )
 
-    async def run(self, publisher: Publisher) -> None:
+    async def run(self, publisher: registries.AnyPublisher) -> None:
         published = self._info
         stuck_changed = self._service.stuck_changed
         while True:

@@ -1,0 +1,74 @@
+"""Which registry a process publishes to and follows: the namespace's
+shared memory by default, or Redis when given a ``redis://`` URL (the
+``--discovery`` option of ``pool up``, ``python -m workers`` and the
+dispatcher). Both sides give the same events (see :mod:`discovery.remote`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Callable
+from types import TracebackType
+from typing import Protocol, Self
+from uuid import UUID
+
+from discovery.info import DiscoveryEvent, EventType, WorkerInfo
+from discovery.liveness import is_alive as _holds_liveness_lock
+
+SCHEMES = ("redis://", "rediss://", "unix://")
+
+
+class AnyPublisher(Protocol):
+    async def __aenter__(self) -> Self: ...
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None: ...
+    async def publish(self, type: EventType, worker_info: WorkerInfo) -> None: ...
+
+
+def check_url(url: str | None) -> str | None:
+    """``url`` if it names a registry we know (None: shared memory).
+
+    :raises ValueError: for anything else, saying what is accepted.
+    """
+    if url is None or url.startswith(SCHEMES):
+        return url
+    raise ValueError(
+        f"--discovery {url!r} is not a registry this pool knows; give "
+        f"redis://HOST:PORT (or leave it out for shared memory)"
+    )
+
+
+def publisher_for(namespace: str, url: str | None) -> AnyPublisher:
+    if url is None:
+        from discovery.publisher import Publisher
+
+        return Publisher(namespace)
+    from discovery.remote import RedisPublisher
+
+    return RedisPublisher(url, namespace)
+
+
+def subscriber_for(namespace: str, url: str | None) -> AsyncIterator[DiscoveryEvent]:
+    if url is None:
+        from discovery.subscriber import Subscriber
+
+        return aiter(Subscriber(namespace))
+    from discovery.remote import RedisSubscriber
+
+    return aiter(RedisSubscriber(url, namespace))
+
+
+def liveness_for(url: str | None) -> Callable[[str, UUID], bool]:
+    """Whether a registered worker is alive, as the dispatcher asks before
+    reconnecting to it: its liveness lock for shared memory; for Redis, its
+    lease decides, and its drop will come when it runs out."""
+    if url is None:
+        return _holds_liveness_lock
+
+    def leased(namespace: str, uid: UUID) -> bool:
+        return True
+
+    return leased

@@ -1,0 +1,82 @@
+"""A pool whose workers register in Redis (`pool up --discovery`), with
+workers of other "hosts" (other loopback addresses) joining it over TCP."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import pytest
+import redis
+
+from discovery import list_workers
+from pool import Client
+from tests import sample_tasks
+from tests.helpers import ROOT, LineReader
+from tests.pools import running_pool
+from tests.redis_server import RedisServer
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(90)]
+
+
+@contextmanager
+def remote_worker(namespace: str, url: str, host: str) -> Iterator[int]:
+    """A worker started by hand, as on another host: TCP on ``host``,
+    registered in Redis, with the tag "remote". Its pid."""
+    proc = subprocess.Popen(
+        [
+            *(sys.executable, "-m", "workers", "--namespace", namespace),
+            *("--discovery", url, "--host", host, "--tags", "remote"),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
+    try:
+        LineReader(proc.stdout).wait_for("READY ", 30)
+        yield proc.pid
+    finally:
+        if proc.poll() is None:
+            proc.terminate()
+        proc.wait(30)
+        assert proc.stdout is not None
+        proc.stdout.close()
+
+
+def test_a_pool_on_redis_runs_tasks_on_workers_of_other_hosts(
+    namespace: str, redis_server: RedisServer
+) -> None:
+    """Workers register in Redis, not in shared memory; two more on
+    127.0.0.2 and 127.0.0.3 join and take tagged tasks; one of them
+    SIGKILLed mid-map drops when its lease runs out (3 s), `pool up` shows
+    it, and every task still finishes, on the other."""
+    url = redis_server.url
+    store = redis.Redis(port=redis_server.port)
+    try:
+        with running_pool(namespace, "--workers", "1", "--discovery", url) as pool:
+            assert list_workers(namespace) == []  # not in shared memory
+            assert store.hlen(f"shmp:{{{namespace}}}:workers") == 1
+            with (
+                remote_worker(namespace, url, "127.0.0.2") as second,
+                remote_worker(namespace, url, "127.0.0.3") as third,
+                Client(namespace, tags=("remote",)) as client,
+            ):
+                pool.lines.wait_counts({"worker-added ": 2}, 30)  # (the 2 joining)
+                pids = set(client.map(sample_tasks.pid_after, [0.2] * 8))
+                assert pids == {second, third}
+                busy = client.map(sample_tasks.pid_after, [0.05] * 60, chunksize=1)
+                first = next(busy)
+                os.kill(second, signal.SIGKILL)
+                rest = [first, *busy]
+                assert len(rest) == 60 and set(rest) <= {second, third}
+                assert rest[-1] == third
+                dropped = pool.wait_for("worker-dropped ", 30)
+                assert f"pid={second} " in dropped
+    finally:
+        store.close()
