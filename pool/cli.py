@@ -82,7 +82,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--workers",
         type=int,
         default=os.cpu_count() or 1,
-        help="worker processes (default: one per CPU)",
+        help="worker processes on this machine (default: one per CPU; 0 is "
+        "allowed with --discovery, for a pool whose workers all join from "
+        "other hosts)",
     )
     up.add_argument(
         "--concurrency",
@@ -105,6 +107,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="register workers in Redis at redis://HOST:PORT instead of this "
         "machine's shared memory, so workers on other hosts can join (default: "
         "shared memory)",
+    )
+    up.add_argument(
+        "--token-file",
+        metavar="PATH",
+        help="use the token in PATH (shared with workers on other hosts, which "
+        "read it with `python -m workers --token-file`) instead of a fresh one; "
+        "$SHMPOOL_TOKEN also gives it",
     )
     up.add_argument(
         "--reload",
@@ -377,6 +386,7 @@ def cmd_up(args: argparse.Namespace) -> int:
             paths=_import_paths(args.path),
             reload=args.reload,
             discovery_url=args.discovery,
+            token_file=args.token_file,
         )
     except ValueError as exc:
         raise UsageError(f"{exc} (see --help)") from None

@@ -226,8 +226,9 @@ async def serve(
         )
         service = DispatcherService(router, min(MAX_STREAM_TASKS, max_queued))
         dispatcher_pb2_grpc.add_DispatcherServicer_to_server(service, server)  # type: ignore[no-untyped-call]
-        socket = paths.namespace_dir(namespace) / SOCKET_NAME
-        address, socket_path = lifecycle.bind(server, host, socket)
+        address, socket_path = lifecycle.bind(
+            server, host, lambda: paths.namespace_dir(namespace) / SOCKET_NAME
+        )
         await server.start()
         try:
             async with router, asyncio.TaskGroup() as group:

@@ -125,12 +125,16 @@ class Options:
     # Workers register in Redis at this URL, not in the namespace's shared
     # memory (which still holds the pool's ownership, token and address).
     discovery_url: str | None = None
+    # The token to use, shared with workers on other hosts (else a fresh one;
+    # $SHMPOOL_TOKEN also gives it).
+    token_file: str | None = None
 
     def __post_init__(self) -> None:
         paths.validate_namespace(self.namespace)
         registries.check_url(self.discovery_url)
-        if self.workers < 1:
-            raise ValueError(f"workers must be at least 1, got {self.workers}")
+        least = 0 if self.discovery_url else 1  # (others may join through Redis)
+        if self.workers < least:
+            raise ValueError(f"workers must be at least {least}, got {self.workers}")
         if self.concurrency < 1:
             raise ValueError(f"concurrency must be at least 1, got {self.concurrency}")
         if self.max_queued < 1:
@@ -194,7 +198,10 @@ class Supervisor:
             try:
                 await in_daemon_thread(sweep_dead)  # other pools' leftovers
                 await in_daemon_thread(sweep_temp_dirs)
-                auth.create_token(ns)
+                given = None
+                if opts.token_file or os.environ.get(auth.TOKEN_ENV):
+                    given = auth.token_for(ns, opts.token_file)
+                auth.create_token(ns, given)
                 self._parent_fd = os.pidfd_open(os.getpid())
                 try:
                     await self._supervise(stop, kill_now)

@@ -31,6 +31,12 @@ PROTOCOL_KEY: Final = "shmpool-protocol"
 # together on any change a peer of the old version would misread.
 PROTOCOL_VERSION: Final = "2"
 TOKEN_FILE: Final = "token"
+TOKEN_ENV: Final = "SHMPOOL_TOKEN"
+MIN_TOKEN_CHARS: Final = 32
+
+
+class BadToken(PermissionError):
+    """A token given to this process cannot be used: say where it came from."""
 
 
 class MissingToken(PermissionError):
@@ -44,9 +50,11 @@ class MissingToken(PermissionError):
         )
 
 
-def create_token(namespace: str) -> str:
-    """Make the namespace's token file (replacing a stale one); return it."""
-    token = secrets.token_hex(32)
+def create_token(namespace: str, token: str | None = None) -> str:
+    """Make the namespace's token file (replacing a stale one), with
+    ``token`` (one shared with workers on other hosts) or a fresh one;
+    return it."""
+    token = secrets.token_hex(32) if token is None else token
     path = paths.namespace_dir(namespace) / TOKEN_FILE
     tmp = path.with_name(f".{TOKEN_FILE}.{os.getpid()}")
     fd = paths.open_private_file(tmp, os.O_WRONLY | os.O_TRUNC)
@@ -72,6 +80,36 @@ def read_token(namespace: str) -> str:
         return os.read(fd, 256).decode().strip()
     finally:
         os.close(fd)
+
+
+def token_for(namespace: str, token_file: str | None = None) -> str:
+    """The token a pool process uses: the one in ``token_file`` if given,
+    else ``$SHMPOOL_TOKEN`` if set (a worker on another host: never on its
+    command line, where ``ps`` shows it), else this host's pool's.
+
+    :raises BadToken: for a file that cannot be read, or a token too short.
+    :raises MissingToken: if none is given and no pool here made one.
+    """
+    if token_file is not None:
+        try:
+            with open(token_file, encoding="ascii") as source:
+                return _checked(source.read().strip(), token_file)
+        except (OSError, UnicodeDecodeError) as exc:
+            raise BadToken(
+                f"cannot read the token file {token_file!r}: {exc}"
+            ) from None
+    if (given := os.environ.get(TOKEN_ENV)) is not None:
+        return _checked(given.strip(), f"${TOKEN_ENV}")
+    return read_token(namespace)
+
+
+def _checked(token: str, source: str) -> str:
+    if len(token) < MIN_TOKEN_CHARS or not token.isascii() or not token.isprintable():
+        raise BadToken(
+            f"the token in {source} must be at least {MIN_TOKEN_CHARS} printable "
+            f"ASCII characters (make one with `openssl rand -hex 32`)"
+        )
+    return token
 
 
 def call_metadata(

@@ -19,6 +19,7 @@ import os
 import signal
 import socket as socket_module
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Final
 
@@ -28,6 +29,7 @@ MAX_MESSAGE_BYTES: Final = 128 * 1024 * 1024
 # A task's arguments must fit a message with room for the rest of its batch.
 MAX_ARGS_LIMIT: Final = MAX_MESSAGE_BYTES // 2
 LOOPBACK: Final = "127.0.0.1"
+WILDCARDS: Final = frozenset({"0.0.0.0", "::"})  # every interface
 GRPC_OPTIONS: Final = (
     ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
     ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
@@ -63,9 +65,21 @@ def check_host(host: str) -> None:
         ) from None
 
 
-def bind(server: aio.Server, host: str | None, socket: Path) -> tuple[str, Path | None]:
-    """Listen on ``host:<free port>``, else on the unix ``socket``.
+def bind(
+    server: aio.Server,
+    host: str | None,
+    socket: Callable[[], Path],
+    *,
+    port: int = 0,
+    advertise: str | None = None,
+) -> tuple[str, Path | None]:
+    """Listen on ``host:port`` (0: a free port), else on the unix socket
+    ``socket()`` names.
 
+    :param advertise: ``HOST[:PORT]`` to publish instead of the bound
+        address (NAT, containers; the bound port if none is given). With
+        ``host`` a wildcard (``0.0.0.0``, ``::``) and no ``advertise``, this
+        machine's host name is published.
     :returns: the gRPC target clients use, and the socket path to remove at
         exit (None for TCP).
     :raises CannotListen: if it cannot.
@@ -78,11 +92,29 @@ def bind(server: aio.Server, host: str | None, socket: Path) -> tuple[str, Path 
                 "needs the token, but traffic is not encrypted (see SECURITY.md)",
                 host,
             )
-        port = server.add_insecure_port(f"{host}:0")
-        return f"{f'[{host}]' if ':' in host else host}:{port}", None
-    socket.unlink(missing_ok=True)  # left by a dead predecessor
-    server.add_insecure_port(f"unix:{socket}")
-    return f"unix:{socket}", socket
+        bound = server.add_insecure_port(f"{host}:{port}")
+        return _published(host, bound, advertise), None
+    path = socket()
+    path.unlink(missing_ok=True)  # left by a dead predecessor
+    server.add_insecure_port(f"unix:{path}")
+    return f"unix:{path}", path
+
+
+def _published(host: str, port: int, advertise: str | None) -> str:
+    """The address to publish for a server bound to ``host:port``."""
+    if advertise is None:
+        if host.strip("[]") not in WILDCARDS:
+            return _target(host, port)
+        advertise = socket_module.gethostname()
+    name, colon, given = advertise.rpartition(":")
+    if colon and given.isdigit() and not name.endswith(":"):  # HOST:PORT
+        return advertise
+    return _target(advertise, port)
+
+
+def _target(host: str, port: int) -> str:
+    bare_ipv6 = ":" in host and not host.startswith("[")
+    return f"[{host}]:{port}" if bare_ipv6 else f"{host}:{port}"
 
 
 def is_loopback(host: str) -> bool:

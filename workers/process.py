@@ -71,6 +71,9 @@ class Config:
     paths: tuple[str, ...] = ()
     reload: bool = False
     discovery_url: str | None = None  # None: the namespace's shared memory
+    port: int = 0  # with host: 0 for a free one
+    advertise: str | None = None  # HOST[:PORT] published instead of the bound one
+    token_file: str | None = None  # else $SHMPOOL_TOKEN, else this host's pool's
 
 
 def parse_args(argv: Sequence[str] | None = None) -> Config:
@@ -148,9 +151,29 @@ def parse_args(argv: Sequence[str] | None = None) -> Config:
         help="publish into the registry at redis://HOST:PORT instead of the "
         "namespace's shared memory",
     )
+    parser.add_argument(
+        "--port", type=int, default=0, help="with --host: the TCP port (default: free)"
+    )
+    parser.add_argument(
+        "--advertise",
+        metavar="HOST[:PORT]",
+        help="with --host: the address to publish, for NAT and containers (the "
+        "bound port unless given; default: the bound address, or this host's "
+        "name when --host is 0.0.0.0 or ::)",
+    )
+    parser.add_argument(
+        "--token-file",
+        metavar="PATH",
+        help="read the pool's token from PATH (else $SHMPOOL_TOKEN, else this "
+        "host's pool's); never give it on the command line",
+    )
     args = parser.parse_args(argv)
     if args.concurrency < 1 or args.prefetch < 1:
         parser.error("--concurrency and --prefetch must be at least 1")
+    if (args.port or args.advertise) and not args.host:
+        parser.error("--port and --advertise go with --host (TCP)")
+    if not 0 <= args.port <= 65535:
+        parser.error(f"--port must be 0 to 65535, got {args.port}")
     if not 0 <= args.max_args_bytes <= lifecycle.MAX_ARGS_LIMIT:
         parser.error(
             f"--max-args-bytes must be 0 to {lifecycle.MAX_ARGS_LIMIT}, "
@@ -176,6 +199,9 @@ def parse_args(argv: Sequence[str] | None = None) -> Config:
         tuple(os.path.abspath(p) for p in args.path),
         args.reload,
         args.discovery,
+        args.port,
+        args.advertise,
+        args.token_file,
     )
 
 
@@ -187,7 +213,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(level=logging.WARNING, format="worker %(process)d: %(message)s")
     try:
         uvloop.run(serve(config))
-    except (DiscoveryError, auth.MissingToken, lifecycle.CannotListen) as exc:
+    except (
+        DiscoveryError,
+        auth.MissingToken,
+        auth.BadToken,
+        lifecycle.CannotListen,
+    ) as exc:
         print(f"worker: error: {exc}", file=sys.stderr)
         return 1
     except Exception:  # a background task died: say why, and let it be replaced
@@ -206,7 +237,7 @@ async def serve(config: Config) -> None:
 
 
 async def _serve(config: Config, stopper: lifecycle.Stopper) -> None:
-    token = auth.read_token(config.namespace)
+    token = auth.token_for(config.namespace, config.token_file)
     uid = uuid.uuid4()
     changed = asyncio.Event()
     service = WorkerService(
@@ -218,8 +249,13 @@ async def _serve(config: Config, stopper: lifecycle.Stopper) -> None:
     worker_pb2_grpc.add_WorkerServicer_to_server(service, server)  # type: ignore[no-untyped-call]
     health_service = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_service, server)
-    socket = paths.namespace_dir(config.namespace) / f"w-{uid.hex[:12]}.sock"
-    address, socket_path = lifecycle.bind(server, config.host, socket)
+    address, socket_path = lifecycle.bind(
+        server,
+        config.host,
+        lambda: paths.namespace_dir(config.namespace) / f"w-{uid.hex[:12]}.sock",
+        port=config.port,
+        advertise=config.advertise,
+    )
     await server.start()
     try:
         info = WorkerInfo(
