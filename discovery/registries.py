@@ -41,6 +41,35 @@ def check_url(url: str | None) -> str | None:
     )
 
 
+def check_reachable(url: str | None, timeout_s: float = 3.0) -> None:
+    """:raises RegistryUnreachable: if the registry at ``url`` does not
+    answer a PING within ``timeout_s`` (shared memory always does)."""
+    if url is None:
+        return
+    import redis
+
+    client = redis.Redis.from_url(
+        url, socket_connect_timeout=timeout_s, socket_timeout=timeout_s
+    )
+    try:
+        client.ping()
+    except (redis.RedisError, OSError) as exc:
+        raise RegistryUnreachable(url, str(exc).rstrip(".")) from None
+    finally:
+        client.close()
+
+
+class RegistryUnreachable(ConnectionError):
+    """The registry a pool was told to use does not answer."""
+
+    def __init__(self, url: str, reason: str) -> None:
+        self.url = url
+        super().__init__(
+            f"cannot reach the registry at {url}: {reason}; start Redis there, "
+            f"or give another --discovery"
+        )
+
+
 def publisher_for(namespace: str, url: str | None) -> AnyPublisher:
     if url is None:
         from discovery.publisher import Publisher

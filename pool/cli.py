@@ -33,6 +33,7 @@ from discovery import (
     namespaces,
     owner_pid,
     paths,
+    registries,
     sweep_dead,
 )
 from discovery.errors import InvalidNamespace
@@ -107,6 +108,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="register workers in Redis at redis://HOST:PORT instead of this "
         "machine's shared memory, so workers on other hosts can join (default: "
         "shared memory)",
+    )
+    up.add_argument(
+        "--tls-ca",
+        metavar="PEM",
+        help="the CA that signed the certificates of workers serving TLS "
+        "(`python -m workers --tls-cert ... --tls-key ...`; default: the "
+        "system's roots)",
     )
     up.add_argument(
         "--token-file",
@@ -387,9 +395,11 @@ def cmd_up(args: argparse.Namespace) -> int:
             reload=args.reload,
             discovery_url=args.discovery,
             token_file=args.token_file,
+            tls_ca=os.path.abspath(args.tls_ca) if args.tls_ca else None,
         )
     except ValueError as exc:
         raise UsageError(f"{exc} (see --help)") from None
+    registries.check_reachable(options.discovery_url)  # (before any process)
     view: View
     if sys.stdout.isatty():
         view = LiveView(args.namespace, paths=options.paths)

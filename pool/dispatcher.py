@@ -32,6 +32,7 @@ import sys
 from collections.abc import AsyncIterator, Sequence
 from typing import Final
 
+import grpc
 import uvloop
 from grpc import aio
 
@@ -206,6 +207,7 @@ async def serve(
     no_worker_timeout_s: float = NO_WORKER_TIMEOUT_S,
     max_queued: int = MAX_QUEUED,
     discovery_url: str | None = None,
+    tls_ca: bytes | None = None,
 ) -> None:
     """Serve the namespace's clients until told to stop; see the module doc.
     Workers are found in the namespace's shared memory, or in the registry
@@ -215,7 +217,9 @@ async def serve(
         token = auth.read_token(namespace)
         router = Router(
             namespace,
-            WorkerLink.connector(token),
+            WorkerLink.connector(
+                token, grpc.ssl_channel_credentials(tls_ca) if tls_ca else None
+            ),
             is_alive=registries.liveness_for(discovery_url),
             no_worker_timeout_s=no_worker_timeout_s,
             max_queued=max_queued,
@@ -284,6 +288,11 @@ async def _obey(fd: int, router: Router, stopper: lifecycle.Stopper) -> None:
         transport.close()
 
 
+def _read(path: str) -> bytes:
+    with open(path, "rb") as source:
+        return source.read()
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m pool.dispatcher",
@@ -311,6 +320,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         metavar="URL",
         help="find workers in the registry at redis://HOST:PORT instead of the "
         "namespace's shared memory",
+    )
+    parser.add_argument(
+        "--tls-ca",
+        metavar="PEM",
+        help="the CA that signed the certificates of workers serving TLS "
+        "(default: the system's roots)",
     )
     parser.add_argument(
         "--no-worker-timeout-s",
@@ -342,6 +357,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 no_worker_timeout_s=args.no_worker_timeout_s,
                 max_queued=args.max_queued,
                 discovery_url=args.discovery,
+                tls_ca=_read(args.tls_ca) if args.tls_ca else None,
             )
         )
     except KeyboardInterrupt:

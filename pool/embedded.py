@@ -44,6 +44,8 @@ class Pool:
     :param stuck_grace_s: how long a worker whose every thread is held by a
         timed-out or cancelled task may stay so before it is replaced.
     :param max_queued: how many tasks may wait for a worker in the dispatcher.
+    :param discovery_url: register the workers in Redis at this URL
+        (``redis://HOST:PORT``) instead of shared memory.
     :raises ValueError: for a bad number of workers, concurrency or namespace.
     """
 
@@ -57,6 +59,7 @@ class Pool:
         no_worker_timeout_s: float = 30.0,
         stuck_grace_s: float = 60.0,
         max_queued: int = MAX_QUEUED,
+        discovery_url: str | None = None,
     ) -> None:
         self.options = Options(
             namespace=f"pool-{uuid.uuid4().hex[:12]}"
@@ -68,6 +71,7 @@ class Pool:
             no_worker_timeout_s=no_worker_timeout_s,
             stuck_grace_s=stuck_grace_s,
             max_queued=max_queued,
+            discovery_url=discovery_url,
         )
         self.log = io.StringIO()  # what `pool up` would have printed
         self._thread: threading.Thread | None = None

@@ -34,7 +34,13 @@ log = logging.getLogger("pool.dispatcher")
 class WorkerLink:
     """The dispatcher's connection to one worker, and the tasks it has there."""
 
-    def __init__(self, info: WorkerInfo, router: Router, token: str) -> None:
+    def __init__(
+        self,
+        info: WorkerInfo,
+        router: Router,
+        token: str,
+        tls: grpc.ChannelCredentials | None = None,
+    ) -> None:
         self.info = info
         self.in_flight: dict[int, Job] = {}
         self.done = 0
@@ -43,6 +49,7 @@ class WorkerLink:
         self._ended = False
         self._router = router
         self._token = token
+        self._tls = tls  # for a worker that serves TLS ("tls" in its extra)
         self._outbox: list[Job] = []
         self._shipped = shipping.StreamCache()  # functions the stream carried
         self._cancels: list[int] = []
@@ -50,11 +57,14 @@ class WorkerLink:
         self._call: aio.StreamStreamCall[TaskBatch, ResultBatch] | None = None
 
     @classmethod
-    def connector(cls, token: str) -> Callable[[WorkerInfo, Router], WorkerLink]:
-        """What the router calls to link a newly discovered worker."""
+    def connector(
+        cls, token: str, tls: grpc.ChannelCredentials | None = None
+    ) -> Callable[[WorkerInfo, Router], WorkerLink]:
+        """What the router calls to link a newly discovered worker (over TLS,
+        with ``tls``, to the workers that serve it)."""
 
         def connect(info: WorkerInfo, router: Router) -> WorkerLink:
-            return cls(info, router, token)
+            return cls(info, router, token, tls)
 
         return connect
 
@@ -98,7 +108,12 @@ class WorkerLink:
 
     async def run(self) -> None:
         """Stream tasks to the worker and results back until the stream ends."""
-        channel = aio.insecure_channel(self.info.address, options=GRPC_OPTIONS)
+        if self.info.extra.get("tls") == "1":
+            # (No CA given: the system's roots.)
+            tls = self._tls or grpc.ssl_channel_credentials()
+            channel = aio.secure_channel(self.info.address, tls, options=GRPC_OPTIONS)
+        else:
+            channel = aio.insecure_channel(self.info.address, options=GRPC_OPTIONS)
         try:
             stub = WorkerStub(channel)  # type: ignore[no-untyped-call]
             self._call = stub.Run(metadata=auth.call_metadata(self._token))

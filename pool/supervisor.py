@@ -128,6 +128,7 @@ class Options:
     # The token to use, shared with workers on other hosts (else a fresh one;
     # $SHMPOOL_TOKEN also gives it).
     token_file: str | None = None
+    tls_ca: str | None = None  # the CA of workers that serve TLS (PEM file)
 
     def __post_init__(self) -> None:
         paths.validate_namespace(self.namespace)
@@ -284,6 +285,7 @@ class Supervisor:
                 *host,
                 *("--no-worker-timeout-s", str(opts.no_worker_timeout_s)),
                 *("--max-queued", str(opts.max_queued)),
+                *(("--tls-ca", opts.tls_ca) if opts.tls_ca else ()),
             ],
         )
         self._dispatcher = dispatcher

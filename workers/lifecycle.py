@@ -23,6 +23,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Final
 
+import grpc
 from grpc import aio
 
 MAX_MESSAGE_BYTES: Final = 128 * 1024 * 1024
@@ -72,6 +73,7 @@ def bind(
     *,
     port: int = 0,
     advertise: str | None = None,
+    credentials: grpc.ServerCredentials | None = None,
 ) -> tuple[str, Path | None]:
     """Listen on ``host:port`` (0: a free port), else on the unix socket
     ``socket()`` names.
@@ -80,6 +82,7 @@ def bind(
         address (NAT, containers; the bound port if none is given). With
         ``host`` a wildcard (``0.0.0.0``, ``::``) and no ``advertise``, this
         machine's host name is published.
+    :param credentials: TLS for a TCP server (None: plain text).
     :returns: the gRPC target clients use, and the socket path to remove at
         exit (None for TCP).
     :raises CannotListen: if it cannot.
@@ -92,7 +95,11 @@ def bind(
                 "needs the token, but traffic is not encrypted (see SECURITY.md)",
                 host,
             )
-        bound = server.add_insecure_port(f"{host}:{port}")
+        where = f"{host}:{port}"
+        if credentials is not None:
+            bound = server.add_secure_port(where, credentials)
+        else:
+            bound = server.add_insecure_port(where)
         return _published(host, bound, advertise), None
     path = socket()
     path.unlink(missing_ok=True)  # left by a dead predecessor
@@ -125,6 +132,20 @@ def is_loopback(host: str) -> bool:
         return ipaddress.ip_address(host.strip("[]")).is_loopback
     except ValueError:
         return False
+
+
+def server_credentials(cert_file: str, key_file: str) -> grpc.ServerCredentials:
+    """TLS for a server, from PEM files (grpc's own credentials).
+
+    :raises CannotListen: if a file cannot be read.
+    """
+    try:
+        with open(cert_file, "rb") as cert, open(key_file, "rb") as key:
+            return grpc.ssl_server_credentials([(key.read(), cert.read())])
+    except OSError as exc:
+        raise CannotListen(
+            "TLS", f"cannot read {exc.filename!r}: {exc.strerror}"
+        ) from None
 
 
 def redirect_output(fd: int | None) -> None:

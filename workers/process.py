@@ -46,6 +46,7 @@ from workers.service import WorkerService
 log = logging.getLogger("workers")
 
 REPORT_INTERVAL_S: Final = 1.0
+TLS_KEY: Final = "tls"  # in WorkerInfo.extra: "1" when the worker serves TLS
 # Like Celery's worker_prefetch_multiplier: one task message per task caps a
 # pool near 3,000 tasks/s here; taking a few per slot lets each message carry
 # several and hides the dispatcher's round trip.
@@ -74,6 +75,7 @@ class Config:
     port: int = 0  # with host: 0 for a free one
     advertise: str | None = None  # HOST[:PORT] published instead of the bound one
     token_file: str | None = None  # else $SHMPOOL_TOKEN, else this host's pool's
+    tls: tuple[str, str] | None = None  # certificate and key files (PEM)
 
 
 def parse_args(argv: Sequence[str] | None = None) -> Config:
@@ -162,6 +164,13 @@ def parse_args(argv: Sequence[str] | None = None) -> Config:
         "name when --host is 0.0.0.0 or ::)",
     )
     parser.add_argument(
+        "--tls-cert",
+        metavar="PEM",
+        help="with --host: serve TLS with this certificate (and --tls-key); the "
+        "dispatcher checks it against its --tls-ca",
+    )
+    parser.add_argument("--tls-key", metavar="PEM", help="the key of --tls-cert")
+    parser.add_argument(
         "--token-file",
         metavar="PATH",
         help="read the pool's token from PATH (else $SHMPOOL_TOKEN, else this "
@@ -170,8 +179,10 @@ def parse_args(argv: Sequence[str] | None = None) -> Config:
     args = parser.parse_args(argv)
     if args.concurrency < 1 or args.prefetch < 1:
         parser.error("--concurrency and --prefetch must be at least 1")
-    if (args.port or args.advertise) and not args.host:
-        parser.error("--port and --advertise go with --host (TCP)")
+    if (args.port or args.advertise or args.tls_cert) and not args.host:
+        parser.error("--port, --advertise and --tls-cert go with --host (TCP)")
+    if bool(args.tls_cert) != bool(args.tls_key):
+        parser.error("--tls-cert and --tls-key go together")
     if not 0 <= args.port <= 65535:
         parser.error(f"--port must be 0 to 65535, got {args.port}")
     if not 0 <= args.max_args_bytes <= lifecycle.MAX_ARGS_LIMIT:
@@ -202,6 +213,7 @@ def parse_args(argv: Sequence[str] | None = None) -> Config:
         args.port,
         args.advertise,
         args.token_file,
+        (args.tls_cert, args.tls_key) if args.tls_cert else None,
     )
 
 
@@ -255,6 +267,7 @@ async def _serve(config: Config, stopper: lifecycle.Stopper) -> None:
         lambda: paths.namespace_dir(config.namespace) / f"w-{uid.hex[:12]}.sock",
         port=config.port,
         advertise=config.advertise,
+        credentials=lifecycle.server_credentials(*config.tls) if config.tls else None,
     )
     await server.start()
     try:
@@ -264,7 +277,7 @@ async def _serve(config: Config, stopper: lifecycle.Stopper) -> None:
             os.getpid(),
             discovery.__version__,
             tags=config.tags,
-            extra=_counters(service),
+            extra={**_counters(service), **({TLS_KEY: "1"} if config.tls else {})},
             capacity=config.concurrency * config.prefetch,
         )
         reporter = _Reporter(service, info, config.prefetch, changed)
@@ -323,7 +336,7 @@ class _Reporter:
             self._info,
             status=status,
             capacity=self._capacity(),
-            extra=_counters(service),
+            extra={**self._info.extra, **_counters(service)},
         )
 
     def _capacity(self) -> int:

@@ -9,7 +9,9 @@ import subprocess
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 
+import grpc
 import pytest
 import redis
 
@@ -17,20 +19,20 @@ from discovery import list_workers
 from pool import Client
 from tests import sample_tasks
 from tests.helpers import ROOT, LineReader
-from tests.pools import running_pool
+from tests.pools import pool_command, processes_mentioning, running_pool
 from tests.redis_server import RedisServer
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(90)]
 
 
 @contextmanager
-def remote_worker(namespace: str, url: str, host: str) -> Iterator[int]:
+def remote_worker(namespace: str, url: str, host: str, *options: str) -> Iterator[int]:
     """A worker started by hand, as on another host: TCP on ``host``,
     registered in Redis, with the tag "remote". Its pid."""
     proc = subprocess.Popen(
         [
             *(sys.executable, "-m", "workers", "--namespace", namespace),
-            *("--discovery", url, "--host", host, "--tags", "remote"),
+            *("--discovery", url, "--host", host, "--tags", "remote", *options),
         ],
         stdout=subprocess.PIPE,
         stderr=subprocess.DEVNULL,
@@ -80,3 +82,57 @@ def test_a_pool_on_redis_runs_tasks_on_workers_of_other_hosts(
                 assert f"pid={second} " in dropped
     finally:
         store.close()
+
+
+def _self_signed(directory: Path, ip: str) -> tuple[Path, Path]:
+    """A certificate for ``ip`` (its own CA) and its key, made by openssl."""
+    cert, key = directory / "cert.pem", directory / "key.pem"
+    subprocess.run(
+        [
+            *("openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes"),
+            *("-keyout", str(key), "-out", str(cert), "-days", "1"),
+            *("-subj", f"/CN={ip}", "-addext", f"subjectAltName=IP:{ip}"),
+        ],
+        check=True,
+        capture_output=True,
+        timeout=60,
+    )
+    return cert, key
+
+
+def test_a_worker_on_another_host_can_serve_tls(
+    namespace: str, redis_server: RedisServer, tmp_path: Path
+) -> None:
+    """A worker with --tls-cert/--tls-key on 127.0.0.2, and a pool whose
+    dispatcher trusts its CA (--tls-ca): tasks run there; the worker does
+    not speak plain text."""
+    cert, key = _self_signed(tmp_path, "127.0.0.2")
+    url = redis_server.url
+    tls = ["--tls-cert", str(cert), "--tls-key", str(key)]
+    with running_pool(
+        namespace, "--workers", "1", "--discovery", url, "--tls-ca", str(cert)
+    ) as pool:
+        with (
+            remote_worker(namespace, url, "127.0.0.2", *tls) as remote,
+            Client(namespace, tags=("remote",)) as client,
+        ):
+            added = pool.wait_for("worker-added ", 30)
+            address = added.split("address=")[1].split()[0]
+            assert client.submit(sample_tasks.pid_after, 0.0).result(30) == remote
+            plain = grpc.insecure_channel(address)
+            try:
+                with pytest.raises(grpc.FutureTimeoutError):
+                    grpc.channel_ready_future(plain).result(timeout=2)
+            finally:
+                plain.close()
+
+
+def test_an_unreachable_registry_is_one_line(namespace: str) -> None:
+    """No Redis where --discovery points: one line, exit 1, nothing started."""
+    done = pool_command("up", "-n", namespace, "--discovery", "redis://127.0.0.1:1")
+    assert done.returncode == 1
+    assert done.stderr.startswith(
+        "pool: error: cannot reach the registry at redis://127.0.0.1:1: "
+    )
+    assert done.stderr.count("\n") == 1
+    assert processes_mentioning(namespace) == []
