@@ -321,11 +321,11 @@ class RedisSubscriber:
         heartbeat_s: float = HEARTBEAT_S,
     ) -> None:
         self.url, self.namespace = url, paths.validate_namespace(namespace)
-        self._filter = filter
+        self.filter = filter
         self.poll_interval = POLL_INTERVAL_S if poll_interval is None else poll_interval
         if self.poll_interval <= 0:
             raise ValueError(f"poll_interval must be above 0, got {poll_interval}")
-        self._grace_s = ttl_s + heartbeat_s
+        self.grace_s = ttl_s + heartbeat_s  # for workers lost in a Redis restart
 
     def __aiter__(self) -> AsyncIterator[DiscoveryEvent]:
         return self._stream()
@@ -423,7 +423,7 @@ class _Follower:
         """Drop the workers lost in a restart that were not put back."""
         events = []
         for uid, since in list(self._missing_since.items()):
-            if now - since >= self._sub._grace_s:
+            if now - since >= self._sub.grace_s:
                 del self._missing_since[uid]
                 events += self._change(uid, None)
         return events
@@ -452,7 +452,7 @@ class _Follower:
             self._known[uid] = info
         shown = self._shown.get(uid)
         visible = info is not None and (
-            self._sub._filter is None or self._sub._filter(info)
+            self._sub.filter is None or self._sub.filter(info)
         )
         if not visible:
             if shown is None:

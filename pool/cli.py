@@ -438,6 +438,9 @@ async def _up(options: Options, view: View) -> None:
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(signum, on_signal)
+    if not isinstance(view, LiveView):  # plain lines show no queue: no ticker
+        await Supervisor(options, view).run(stop, kill_now)
+        return
     try:
         async with asyncio.TaskGroup() as group:
             ticking = group.create_task(_tick(options.namespace, view))
