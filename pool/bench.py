@@ -154,7 +154,7 @@ def _start(open_pool: Callable[[], Any]) -> float:
         return time.perf_counter() - started
 
 
-def _rtt(executor: Executor) -> float:
+def rtt_ms(executor: Executor) -> float:
     times = []
     for _ in range(RTT_SAMPLES):
         started = time.perf_counter()
@@ -163,7 +163,7 @@ def _rtt(executor: Executor) -> float:
     return statistics.median(times) * 1e3
 
 
-def _submit_rate(executor: Executor, tasks: int) -> float:
+def submit_rate(executor: Executor, tasks: int) -> float:
     room = threading.BoundedSemaphore(IN_FLIGHT)
     started = time.perf_counter()
     futures = []
@@ -334,10 +334,10 @@ def run(settings: Settings, console: Console) -> dict[str, dict[str, float]]:
                     executor.submit(noop).result()
                     note(name, "pss", statistics.median(pss_mb(p) for p in pids))
                     progress.advance(bar)
-                    note(name, "rtt", _rtt(executor))
+                    note(name, "rtt", rtt_ms(executor))
                     progress.advance(bar)
                     step(f"{name}: submit, {IN_FLIGHT} in flight")
-                    note(name, "submit", _submit_rate(executor, settings.submit_tasks))
+                    note(name, "submit", submit_rate(executor, settings.submit_tasks))
                     progress.advance(bar)
                     step(f"{name}: map of {settings.tasks:,}")
                     note(name, "map", _map_rate(executor, settings.tasks))

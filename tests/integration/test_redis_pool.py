@@ -18,7 +18,7 @@ import redis
 from discovery import list_workers
 from pool import Client
 from tests import sample_tasks
-from tests.helpers import ROOT, LineReader
+from tests.helpers import ROOT, LineReader, wait_until
 from tests.pools import pool_command, processes_mentioning, running_pool
 from tests.redis_server import RedisServer
 
@@ -136,3 +136,44 @@ def test_an_unreachable_registry_is_one_line(namespace: str) -> None:
     )
     assert done.stderr.count("\n") == 1
     assert processes_mentioning(namespace) == []
+
+
+def test_a_redis_restart_mid_run_loses_no_task(
+    namespace: str, redis_server: RedisServer
+) -> None:
+    """Redis stops while a map runs and starts again with its data lost;
+    tasks are submitted while it is down, and a worker of another host is
+    SIGKILLed meanwhile. Every task completes; the pool's workers are put
+    back in Redis; `pool up` shows one drop, the dead worker's, and no
+    other drop or second add (a restart is not a death)."""
+    url = redis_server.url
+    store = redis.Redis(port=redis_server.port)
+    try:
+        with running_pool(namespace, "--workers", "2", "--discovery", url) as pool:
+            with (
+                remote_worker(namespace, url, "127.0.0.2") as doomed,
+                Client(namespace) as client,
+            ):
+                pool.wait_for("worker-added ")  # (the remote one)
+                busy = client.map(sample_tasks.pid_after, [0.02] * 100, chunksize=1)
+                first = next(busy)
+                redis_server.stop()
+                os.kill(doomed, signal.SIGKILL)
+                during = [client.submit(sample_tasks.pid_after, 0.0) for _ in range(20)]
+                redis_server.start()
+                assert len([first, *busy]) == 100
+                assert all(isinstance(f.result(30), int) for f in during)
+                dropped = pool.wait_for("worker-dropped ", 30)
+                assert f"pid={doomed} " in dropped
+                assert (
+                    sum(line.startswith("worker-dropped ") for line in pool.lines.seen)
+                    == 1
+                )
+                assert (
+                    sum(line.startswith("worker-added ") for line in pool.lines.seen)
+                    == 3
+                )
+                wait_until(lambda: store.hlen(f"shmp:{{{namespace}}}:workers") == 2)
+                assert client.submit(sample_tasks.pid_after, 0.0).result(30) != doomed
+    finally:
+        store.close()
