@@ -40,7 +40,7 @@ import logging
 import time
 from collections.abc import AsyncIterator, Callable
 from types import TracebackType
-from typing import Any, Final, Self
+from typing import Any, Final, Self, cast
 from uuid import UUID, uuid4
 
 import redis.asyncio as aioredis
@@ -114,9 +114,14 @@ return dropped
 """
 
 
+def key(namespace: str, name: str) -> str:
+    """The Redis key ``name`` of a namespace (``{ns}`` keeps them in one
+    Redis Cluster slot)."""
+    return f"shmp:{{{namespace}}}:{name}"
+
+
 def _keys(namespace: str) -> list[str]:
-    prefix = f"shmp:{{{namespace}}}"
-    return [f"{prefix}:workers", f"{prefix}:leases", f"{prefix}:events"]
+    return [key(namespace, name) for name in ("workers", "leases", "events")]
 
 
 def _client(url: str) -> aioredis.Redis:
@@ -474,3 +479,24 @@ def _decode(key: bytes, data: bytes) -> WorkerInfo | None:
     except ValueError as exc:
         log.warning("skipping an entry that does not decode: %s", exc)
         return None
+
+
+def registered(url: str, namespace: str) -> list[WorkerInfo]:
+    """The workers of a namespace in Redis whose lease has not run out, read
+    once (for ``pool workers``; a subscriber follows them)."""
+    import redis
+
+    client = redis.Redis.from_url(url, socket_connect_timeout=1.0)
+    workers, leases, _ = _keys(namespace)
+    try:
+        seconds, micros = cast(tuple[int, int], client.time())
+        now_ms = seconds * 1000 + micros // 1000
+        live = cast(list[bytes], client.zrangebyscore(leases, now_ms, "+inf"))
+        entries = cast(dict[bytes, bytes], client.hgetall(workers))
+    finally:
+        client.close()
+    alive = {uid.decode() for uid in live}
+    found = (
+        _decode(uid, data) for uid, data in entries.items() if uid.decode() in alive
+    )
+    return [info for info in found if info is not None]

@@ -17,7 +17,7 @@ import select
 import signal
 import sys
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import AsyncIterable, Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +28,7 @@ from grpc import aio
 import discovery
 from discovery import (
     DiscoveryError,
+    DiscoveryEvent,
     Subscriber,
     list_workers,
     namespaces,
@@ -38,10 +39,10 @@ from discovery import (
 )
 from discovery.errors import InvalidNamespace
 from pool.client import Client
-from pool.connection import locate
 from pool.dispatcher_pb2 import ListWorkersRequest
 from pool.dispatcher_pb2_grpc import DispatcherStub
 from pool.errors import PoolError, PoolNotRunning
+from pool.rendezvous import Locator, locate
 from pool.routing import MAX_QUEUED
 from pool.supervisor import Options, Supervisor
 from pool.view import LiveView, PlainView, View, describe, line
@@ -138,6 +139,20 @@ def build_parser() -> argparse.ArgumentParser:
         "this machine only; any other address exposes the pool: read SECURITY.md)",
     )
     up.add_argument(
+        "--port",
+        type=int,
+        default=0,
+        help="with --host: the dispatcher's TCP port, where clients connect "
+        "(default: a free one)",
+    )
+    up.add_argument(
+        "--advertise",
+        metavar="HOST[:PORT]",
+        help="with --host and --discovery: the dispatcher's address that clients "
+        "of other machines are given, for NAT and containers (default: the bound "
+        "address, or this host's name when --host is 0.0.0.0 or ::)",
+    )
+    up.add_argument(
         "--max-args-bytes",
         type=int,
         default=MAX_ARGS_BYTES,
@@ -192,6 +207,7 @@ def build_parser() -> argparse.ArgumentParser:
         "Exits 1 if the task raises, saying what it raised.",
     )
     _namespace(submit)
+    _remote(submit)
     submit.add_argument("function", metavar="MODULE:FUNC")
     submit.add_argument("args", nargs="*", metavar="ARG")
     submit.add_argument(
@@ -212,6 +228,7 @@ def build_parser() -> argparse.ArgumentParser:
         "how many tasks wait in the dispatcher.",
     )
     _namespace(workers)
+    _remote(workers)
     workers.set_defaults(run=cmd_workers)
 
     watch = commands.add_parser(
@@ -222,6 +239,7 @@ def build_parser() -> argparse.ArgumentParser:
         "namespace with no pool yet is waited for.",
     )
     _namespace(watch)
+    _remote(watch, token=False)
     watch.add_argument(
         "--timeout-s",
         type=float,
@@ -318,6 +336,24 @@ def _namespace(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def _remote(parser: argparse.ArgumentParser, *, token: bool = True) -> None:
+    """Options to reach a pool of another machine through its Redis."""
+    parser.add_argument(
+        "--discovery",
+        metavar="URL",
+        help="reach the pool through the Redis it registers in (`pool up "
+        "--discovery redis://HOST:PORT`), from any machine (default: the pool "
+        "of this machine)",
+    )
+    if token:
+        parser.add_argument(
+            "--token-file",
+            metavar="PATH",
+            help="with --discovery: the pool's token (else $SHMPOOL_TOKEN, else "
+            "this machine's pool's)",
+        )
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     run: Callable[[argparse.Namespace], int] = args.run
@@ -376,6 +412,10 @@ def cmd_up(args: argparse.Namespace) -> int:
             check_host(args.host)
         except CannotListen as exc:
             raise UsageError(f"--host: {exc}") from None
+    elif args.port or args.advertise:
+        raise UsageError("--port and --advertise go with --host (TCP)")
+    if not 0 <= args.port <= 65535:
+        raise UsageError(f"--port must be 0 to 65535, got {args.port}")
     try:
         options = Options(
             namespace=args.namespace,
@@ -383,6 +423,8 @@ def cmd_up(args: argparse.Namespace) -> int:
             concurrency=args.concurrency,
             tags=tuple(t for t in args.tags.split(",") if t),
             host=args.host,
+            port=args.port,
+            advertise=args.advertise,
             restart=not args.no_restart,
             grace_s=args.grace_s,
             capacity=args.capacity,
@@ -483,7 +525,12 @@ async def _tick(namespace: str, view: View) -> None:
 
 def cmd_submit(args: argparse.Namespace) -> int:
     positional, keywords = _call(args.args)
-    client = Client(args.namespace, task_timeout_s=args.timeout_s)
+    client = Client(
+        args.namespace,
+        task_timeout_s=args.timeout_s,
+        discovery_url=_url(args),
+        token_file=args.token_file,
+    )
     try:
         result = client.submit(args.function, *positional, **keywords).result()
     except (PoolError, BadTask):
@@ -530,11 +577,26 @@ def _literal(text: str) -> Any:
         ) from None
 
 
+def _url(args: argparse.Namespace) -> str | None:
+    try:
+        return registries.check_url(args.discovery)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+
+
 def cmd_workers(args: argparse.Namespace) -> int:
-    if owner_pid(args.namespace) is None:
-        raise PoolNotRunning(args.namespace)
-    infos = sorted(list_workers(args.namespace), key=lambda info: info.pid)
-    routing = _dispatcher_view(args.namespace)
+    locator = Locator(args.namespace, _url(args), args.token_file)
+    if locator.discovery_url is None:
+        if owner_pid(args.namespace) is None:
+            raise PoolNotRunning(args.namespace)
+        infos = list_workers(args.namespace)
+    else:
+        from discovery.remote import registered
+
+        registries.check_reachable(locator.discovery_url)
+        infos = registered(locator.discovery_url, args.namespace)
+    infos = sorted(infos, key=lambda info: (info.address, info.pid))
+    routing = _dispatcher_view(locator)
     columns = ["pid", "uid", "address", "status", "running", "done"]
     if routing is not None:
         columns.append("in_flight")
@@ -563,11 +625,11 @@ def cmd_workers(args: argparse.Namespace) -> int:
     return 0
 
 
-def _dispatcher_view(namespace: str) -> tuple[dict[str, int], int] | None:
+def _dispatcher_view(locator: Locator) -> tuple[dict[str, int], int] | None:
     """What the dispatcher has sent each worker (by uid) and has queued, or
     None when no dispatcher answers."""
     try:
-        address, token = locate(namespace)
+        address, token = locator.locate_now()
     except PoolNotRunning:
         return None
     with grpc.insecure_channel(address) as channel:
@@ -586,14 +648,21 @@ def cmd_watch(args: argparse.Namespace) -> int:
     view = PlainView()
     seen = 0
 
+    url = _url(args)
+    events: AsyncIterable[DiscoveryEvent] = Subscriber(args.namespace)
+    if url is not None:
+        from discovery.remote import RedisSubscriber
+
+        events = RedisSubscriber(url, args.namespace)
+
     async def follow() -> None:
         nonlocal seen
         async with asyncio.timeout(args.timeout_s):
-            async for event in Subscriber(args.namespace):
+            async for event in events:
                 seen += 1
                 view.event(event)
 
-    if owner_pid(args.namespace) is None:
+    if url is None and owner_pid(args.namespace) is None:
         print(f"waiting for a pool in namespace {args.namespace!r}", file=sys.stderr)
     try:
         uvloop.run(follow())

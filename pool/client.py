@@ -35,10 +35,11 @@ from typing import Any, Final, Self
 
 import uvloop
 
-from discovery import paths
+from discovery import paths, registries
 from pool.connection import Connection
 from pool.dispatcher_pb2 import Submission
 from pool.errors import PoolError
+from pool.rendezvous import Locator
 from workers import shipping, tasks
 from workers.worker_pb2 import Result, Task
 
@@ -200,7 +201,7 @@ class _LoopThread:
     Holds nothing of the client: the client's finalizer closes it.
     """
 
-    def __init__(self, namespace: str) -> None:
+    def __init__(self, locator: Locator) -> None:
         self._lock = threading.Lock()
         self._inbox: list[tuple[Submission, bytes, FutureHandler]] = []
         self._flush_scheduled = False
@@ -210,7 +211,7 @@ class _LoopThread:
         self._connection: Connection | None = None
         started: concurrent.futures.Future[None] = concurrent.futures.Future()
         self._thread = threading.Thread(
-            target=self._run, args=(namespace, started), name="pool-client", daemon=True
+            target=self._run, args=(locator, started), name="pool-client", daemon=True
         )
         self._thread.start()
         try:
@@ -220,11 +221,11 @@ class _LoopThread:
             raise
         _loops.add(self)
 
-    def _run(self, namespace: str, started: concurrent.futures.Future[None]) -> None:
+    def _run(self, locator: Locator, started: concurrent.futures.Future[None]) -> None:
         try:
-            self._loop.run_until_complete(self._main(namespace, started))
+            self._loop.run_until_complete(self._main(locator, started))
         except BaseException as exc:  # a bug of ours: fail what waits, loudly
-            log.exception("the client's connection to %r failed", namespace)
+            log.exception("the client's connection to %r failed", locator.namespace)
             crashed = PoolError(f"the client's connection failed: {exc!r}")
             with self._lock:
                 self._crashed = crashed
@@ -235,10 +236,10 @@ class _LoopThread:
             self._loop.close()
 
     async def _main(
-        self, namespace: str, started: concurrent.futures.Future[None]
+        self, locator: Locator, started: concurrent.futures.Future[None]
     ) -> None:
         try:
-            self._connection = Connection(namespace)
+            self._connection = await Connection.open(locator)
         except BaseException as exc:
             started.set_exception(exc)
             return
@@ -320,6 +321,11 @@ class Client(concurrent.futures.Executor):
     :param ship_modules: modules of yours that the workers cannot import:
         their functions and classes travel by value (cloudpickle's
         ``register_pickle_by_value``, for the life of this process).
+    :param discovery_url: find the pool through the Redis it registers in
+        (``pool up --discovery redis://...``), from any machine, rather than
+        in this machine's runtime directory.
+    :param token_file: with ``discovery_url``, the file holding the pool's
+        token (else ``$SHMPOOL_TOKEN``, else this machine's pool's).
     :raises PoolNotRunning: if no pool serves the namespace.
     """
 
@@ -330,12 +336,15 @@ class Client(concurrent.futures.Executor):
         tags: Iterable[str] = (),
         task_timeout_s: float | None = None,
         ship_modules: Iterable[ModuleType] = (),
+        discovery_url: str | None = None,
+        token_file: str | None = None,
     ) -> None:
         self.namespace = paths.validate_namespace(namespace)
+        locator = Locator(namespace, registries.check_url(discovery_url), token_file)
         self._submissions = Submissions(tags, task_timeout_s, ship_modules)
         self._shutdown_lock = threading.Lock()
         self._shutdown = False
-        self._runner = _LoopThread(namespace)
+        self._runner = _LoopThread(locator)
         # Unreferenced, the client lets its futures finish, then its thread ends.
         self._finalizer = weakref.finalize(self, self._runner.close_when_idle)
 
@@ -549,7 +558,7 @@ class AsyncClient:
     :param namespace: the pool's namespace.
     :param tags: tags every task of this client requires of its worker.
     :param task_timeout_s: per-task limit enforced by the worker (None: none).
-    :param ship_modules: as for :class:`Client`.
+    :param ship_modules, discovery_url, token_file: as for :class:`Client`.
     """
 
     def __init__(
@@ -559,14 +568,19 @@ class AsyncClient:
         tags: Iterable[str] = (),
         task_timeout_s: float | None = None,
         ship_modules: Iterable[ModuleType] = (),
+        discovery_url: str | None = None,
+        token_file: str | None = None,
     ) -> None:
         self.namespace = paths.validate_namespace(namespace)
+        self._locator = Locator(
+            namespace, registries.check_url(discovery_url), token_file
+        )
         self._submissions = Submissions(tags, task_timeout_s, ship_modules)
         self._connection: Connection | None = None
         self._group: asyncio.TaskGroup | None = None
 
     async def __aenter__(self) -> Self:
-        connection = Connection(self.namespace)
+        connection = await Connection.open(self._locator)
         group = asyncio.TaskGroup()
         await group.__aenter__()
         group.create_task(connection.run())

@@ -28,34 +28,17 @@ from typing import Final, Protocol
 import grpc
 from grpc import aio
 
-from discovery import owner_pid, paths
 from pool import dispatcher_pb2_grpc
 from pool.dispatcher_pb2 import Submission, SubmissionBatch
-from pool.errors import PoolError, PoolNotRunning, ProtocolMismatch
+from pool.errors import PoolError, PoolNotRunning, PoolRefused, ProtocolMismatch
+from pool.rendezvous import WRONG_TOKEN, Locator
 from workers import auth, shipping, tasks
 from workers.lifecycle import GRPC_OPTIONS
 from workers.worker_pb2 import Result, ResultBatch
 
-ADDRESS_FILE: Final = "address"
 RECONNECT_S: Final = 30.0  # how long a client waits for a restarted dispatcher
 RECONNECT_FIRST_S: Final = 0.05
 MAX_BATCH_TASKS: Final = 4096  # submissions per message
-
-
-def locate(namespace: str) -> tuple[str, str]:
-    """The dispatcher address and token of the pool serving ``namespace``.
-
-    :raises PoolNotRunning: if no live pool serves it.
-    """
-    directory = paths.namespace_dir(namespace, create=False)
-    try:
-        address = (directory / ADDRESS_FILE).read_text().strip()
-        token = auth.read_token(namespace)
-    except (FileNotFoundError, auth.MissingToken):
-        raise PoolNotRunning(namespace) from None
-    if owner_pid(namespace) is None:  # files a dead pool left
-        raise PoolNotRunning(namespace, "its last pool died")
-    return address, token
 
 
 class Handler(Protocol):
@@ -164,16 +147,14 @@ class _Ended:
 class Connection:
     """The stream of tasks to a pool's dispatcher; see the module docstring.
 
-    Create it on the loop that will run it, then run :meth:`run` in a task
-    group; :meth:`submit`, :meth:`cancel` and :meth:`close` are called on
-    that loop.
-
-    :raises PoolNotRunning: if no pool serves the namespace now.
+    Make it with :meth:`open` on the loop that will run it, then run
+    :meth:`run` in a task group; :meth:`submit`, :meth:`cancel` and
+    :meth:`close` are called on that loop.
     """
 
-    def __init__(self, namespace: str, *, reconnect_s: float = RECONNECT_S) -> None:
-        locate(namespace)  # fail now, clearly, if there is no pool at all
-        self.namespace = namespace
+    def __init__(self, locator: Locator, *, reconnect_s: float = RECONNECT_S) -> None:
+        self._locator = locator
+        self.namespace = locator.namespace
         self._reconnect_s = reconnect_s
         self.ledger = Ledger()
         self._wake = asyncio.Event()
@@ -181,6 +162,16 @@ class Connection:
         self._abandon = False
         self._call: aio.StreamStreamCall[SubmissionBatch, ResultBatch] | None = None
         self.refused: PoolError | None = None  # once refused, always
+
+    @classmethod
+    async def open(cls, locator: Locator) -> Connection:
+        """A connection to the pool ``locator`` finds.
+
+        :raises PoolNotRunning: if no pool serves the namespace now (fail
+            now, clearly, if there is no pool at all).
+        """
+        await locator.locate()
+        return cls(locator)
 
     def submit(
         self, submission: Submission, handler: Handler, code: bytes = b""
@@ -248,7 +239,7 @@ class Connection:
     async def _serve(self) -> _Ended:
         """One stream, until it ends."""
         try:
-            address, token = locate(self.namespace)
+            address, token = await self._locator.locate()
         except PoolNotRunning as exc:
             return _Ended(exc, served=False)  # no restart is coming
         channel = aio.insecure_channel(address, options=GRPC_OPTIONS)
@@ -297,8 +288,9 @@ class Connection:
         """The error that ends every task for good, if the pool refused us."""
         code = exc.code()
         if code == grpc.StatusCode.UNAUTHENTICATED:
-            detail = f"the pool refused our token ({exc.details()})"
-            self.refused = PoolNotRunning(self.namespace, detail)
+            self.refused = PoolRefused(
+                self.namespace, f"{WRONG_TOKEN} ({exc.details()})"
+            )
         elif code == grpc.StatusCode.FAILED_PRECONDITION:
             self.refused = ProtocolMismatch(self.namespace, exc.details() or "")
         return self.refused

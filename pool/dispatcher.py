@@ -201,6 +201,8 @@ async def serve(
     namespace: str,
     *,
     host: str | None = None,
+    port: int = 0,
+    advertise: str | None = None,
     parent_fd: int | None = None,
     control_fd: int | None = None,
     ready_fd: int | None = None,
@@ -231,7 +233,11 @@ async def serve(
         service = DispatcherService(router, min(MAX_STREAM_TASKS, max_queued))
         dispatcher_pb2_grpc.add_DispatcherServicer_to_server(service, server)  # type: ignore[no-untyped-call]
         address, socket_path = lifecycle.bind(
-            server, host, lambda: paths.namespace_dir(namespace) / SOCKET_NAME
+            server,
+            host,
+            lambda: paths.namespace_dir(namespace) / SOCKET_NAME,
+            port=port,
+            advertise=advertise,
         )
         await server.start()
         try:
@@ -306,6 +312,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         help=f"listen on TCP HOST:<free port> (default {lifecycle.LOOPBACK})",
     )
     parser.add_argument(
+        "--port", type=int, default=0, help="with --host: the TCP port (default: free)"
+    )
+    parser.add_argument(
+        "--advertise",
+        metavar="HOST[:PORT]",
+        help="with --host: the address clients are given, for NAT and containers",
+    )
+    parser.add_argument(
         "--parent-fd", type=int, help="a pidfd of the process whose death ends this"
     )
     parser.add_argument(
@@ -351,6 +365,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             serve(
                 args.namespace,
                 host=args.host,
+                port=args.port,
+                advertise=args.advertise,
                 parent_fd=args.parent_fd,
                 control_fd=args.control_fd,
                 ready_fd=args.ready_fd,

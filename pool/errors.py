@@ -39,6 +39,15 @@ class PoolStopping(PoolNotRunning):
         )
 
 
+class PoolRefused(PoolNotRunning):
+    """The pool cannot be used by this client: it refused its token, or the
+    client has none for it. Give it the token the pool was started with."""
+
+    def __str__(self) -> str:
+        where = f"the pool in namespace {self.namespace!r}"
+        return f"{where} refused this client: {self.detail}"
+
+
 class ProtocolMismatch(PoolError):
     """The pool and this client speak different versions of the wire
     protocol: install the same shm-pool version on both sides."""

@@ -49,6 +49,7 @@ from dataclasses import dataclass, field
 from typing import Any, Final
 
 from discovery import LocalDiscovery, NamespaceInUse, paths, registries, sweep_dead
+from pool import rendezvous
 from pool.children import (
     START_TIMEOUT_S,
     ChildFailed,
@@ -59,9 +60,9 @@ from pool.children import (
     spawn,
     terminate,
 )
-from pool.connection import ADDRESS_FILE
 from pool.errors import PoolAlreadyRunning
 from pool.output import output_lines
+from pool.rendezvous import ADDRESS_FILE
 from pool.routing import MAX_QUEUED
 from pool.view import View
 from pool.zygote import Zygote, ZygoteUnavailable, sweep_temp_dirs
@@ -110,6 +111,8 @@ class Options:
     concurrency: int = 1
     tags: tuple[str, ...] = ()
     host: str | None = None
+    port: int = 0  # the dispatcher's, with host
+    advertise: str | None = None  # the dispatcher's address for other machines
     restart: bool = True
     grace_s: float = 30.0
     capacity: int = 128
@@ -227,10 +230,11 @@ class Supervisor:
         self._zygote = zygote
 
     async def _supervise(self, stop: asyncio.Event, kill_now: asyncio.Event) -> None:
+        ns = self.options.namespace
         async with asyncio.TaskGroup() as group:
             self._group = group
             self._spawn(self._follow())
-            restarting = None
+            restarting = announcing = None
             if self._zygote is not None:
                 restarting = self._spawn(self._zygote.watch())
             try:
@@ -246,13 +250,20 @@ class Supervisor:
                 self.view.note("ready", **ready)
                 self._ready = True
                 self._tell_dispatcher(started=True)
+                if self.options.discovery_url:  # for clients of other machines
+                    announcing = self._spawn(
+                        rendezvous.announce(
+                            self.options.discovery_url, ns, lambda: self.address
+                        )
+                    )
                 if self._on_ready is not None:
                     self._on_ready()
                 await stop.wait()
             finally:
                 self._stopping = True
-                if restarting is not None:  # children are no longer replaced
-                    restarting.cancel()
+                for task in (restarting, announcing):  # no more restarts; no
+                    if task is not None:  # new clients from other machines
+                        task.cancel()
                 self.view.note("stopping", namespace=self.options.namespace)
                 await self._stop_all(kill_now)
                 if self._relays:  # the children's last lines (a grandchild
@@ -283,6 +294,8 @@ class Supervisor:
             [
                 *common,
                 *host,
+                *(("--port", str(opts.port)) if opts.port else ()),
+                *(("--advertise", opts.advertise) if opts.advertise else ()),
                 *("--no-worker-timeout-s", str(opts.no_worker_timeout_s)),
                 *("--max-queued", str(opts.max_queued)),
                 *(("--tls-ca", opts.tls_ca) if opts.tls_ca else ()),

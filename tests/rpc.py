@@ -11,8 +11,8 @@ from typing import Any
 import grpc
 
 from discovery import list_workers
-from pool.connection import locate
 from pool.dispatcher_pb2_grpc import DispatcherStub
+from pool.rendezvous import locate
 from workers import auth, tasks
 from workers.lifecycle import GRPC_OPTIONS
 from workers.worker_pb2 import Result, Task, TaskBatch

@@ -19,9 +19,9 @@ import pytest
 
 from discovery import Publisher, list_workers, paths
 from pool import Client
-from pool.connection import locate
 from pool.dispatcher_pb2 import ListWorkersRequest
 from pool.dispatcher_pb2_grpc import DispatcherStub
+from pool.rendezvous import locate
 from tests import sample_tasks
 from tests.pools import running_pool
 from tests.streams import make_info

@@ -15,9 +15,9 @@ from pool import (
     ProtocolMismatch,
     RemoteTraceback,
 )
-from pool.connection import locate
 from pool.dispatcher_pb2 import ListWorkersRequest, SubmissionBatch
 from pool.dispatcher_pb2_grpc import DispatcherStub
+from pool.rendezvous import locate
 from tests import sample_tasks
 from tests.helpers import wait_until
 from tests.pools import pool_command, processes_mentioning, running_pool, watching

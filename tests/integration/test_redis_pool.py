@@ -4,6 +4,7 @@ workers of other "hosts" (other loopback addresses) joining it over TCP."""
 from __future__ import annotations
 
 import os
+import secrets
 import signal
 import subprocess
 import sys
@@ -16,11 +17,13 @@ import pytest
 import redis
 
 from discovery import list_workers
+from discovery.remote import registered
 from pool import Client
 from tests import sample_tasks
 from tests.helpers import ROOT, LineReader, wait_until
 from tests.pools import pool_command, processes_mentioning, running_pool
 from tests.redis_server import RedisServer
+from workers import auth
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(90)]
 
@@ -177,3 +180,71 @@ def test_a_redis_restart_mid_run_loses_no_task(
                 assert client.submit(sample_tasks.pid_after, 0.0).result(30) != doomed
     finally:
         store.close()
+
+
+def test_a_client_of_another_machine_finds_the_pool_through_redis(
+    namespace: str, redis_server: RedisServer, tmp_path: Path
+) -> None:
+    """A pool on Redis with its dispatcher on TCP announces it there; from a
+    "machine" with a runtime directory of its own, `pool submit`, `pool
+    workers` and `pool watch` given --discovery reach it, with the token
+    from a file; without the token it says how to give one; once the pool
+    stops, nothing is announced. Without the token, or with another, it
+    says how to give the right one."""
+    url = redis_server.url
+    token = tmp_path / "token"
+    token.write_text(secrets.token_hex(32))
+    token.chmod(0o600)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir(mode=0o700)
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "XDG_RUNTIME_DIR": str(elsewhere)}
+    env.pop(auth.TOKEN_ENV, None)
+
+    def there(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "pool", *args, "-n", namespace, "--discovery", url],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            cwd=ROOT,
+            env=env,
+        )
+
+    options = ["--discovery", url, "--host", "127.0.0.1", "--token-file", str(token)]
+    call = ["tests.sample_tasks:pid_after", "0"]
+    with running_pool(namespace, "--workers", "2", *options):
+        pids = {info.pid for info in registered(url, namespace)}
+        assert len(pids) == 2
+        done = there(
+            "submit", "tests.sample_tasks:pid_after", "0", "--token-file", str(token)
+        )
+        assert done.returncode == 0, done.stderr
+        assert int(done.stdout) in pids
+        listed = there("workers", "--token-file", str(token)).stdout.splitlines()
+        assert sorted(line.split()[0] for line in listed) == [
+            "dispatcher",
+            "worker",
+            "worker",
+        ]
+        assert {int(line.split("pid=")[1].split()[0]) for line in listed[:2]} == pids
+        watched = there("watch", "--timeout-s", "3").stdout
+        assert watched.count("worker-added ") == 2
+        refused = (
+            f"pool: error: the pool in namespace {namespace!r} refused this client:"
+        )
+        tokenless = there("submit", *call)
+        assert tokenless.returncode == 1
+        assert tokenless.stderr.startswith(f"{refused} this machine has no token")
+        assert "--token-file PATH" in tokenless.stderr
+        wrong = tmp_path / "wrong"
+        wrong.write_text(secrets.token_hex(32))
+        mistaken = there("submit", *call, "--token-file", str(wrong))
+        assert mistaken.returncode == 1
+        assert mistaken.stderr.startswith(f"{refused} it does not take our token")
+        with Client(namespace, discovery_url=url, token_file=str(token)) as client:
+            assert set(client.map(sample_tasks.pid_after, [0.0] * 8)) <= pids
+    gone = there(
+        "submit", "tests.sample_tasks:pid_after", "0", "--token-file", str(token)
+    )
+    assert gone.returncode == 1
+    assert f"no dispatcher is announced in {url}" in gone.stderr
