@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import os
 import select
 from collections.abc import Callable, Iterator
@@ -42,7 +41,6 @@ def liveness_path(namespace: str, uid: UUID) -> Path:
 
 
 @cache
-@functools.cache
 def pid_namespace() -> int:
     """This process's pid namespace (an inode number); 0 if unknown.
 

@@ -84,9 +84,16 @@ def build_parser() -> argparse.ArgumentParser:
         "--workers",
         type=int,
         default=os.cpu_count() or 1,
-        help="worker processes on this machine (default: one per CPU; 0 is "
-        "allowed with --discovery, for a pool whose workers all join from "
-        "other hosts)",
+        help="worker processes `pool up` starts and keeps (default: one per CPU; "
+        "0 is allowed with --discovery or --external-workers, for a pool whose "
+        "workers all join from elsewhere)",
+    )
+    up.add_argument(
+        "--external-workers",
+        action="store_true",
+        help="workers also join from elsewhere on this machine (`python -m "
+        "workers -n NAMESPACE`, say in containers that share its IPC namespace "
+        "and runtime directory): allows --workers 0",
     )
     up.add_argument(
         "--concurrency",
@@ -420,6 +427,7 @@ def cmd_up(args: argparse.Namespace) -> int:
         options = Options(
             namespace=args.namespace,
             workers=args.workers,
+            external_workers=args.external_workers,
             concurrency=args.concurrency,
             tags=tuple(t for t in args.tags.split(",") if t),
             host=args.host,

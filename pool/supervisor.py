@@ -108,6 +108,7 @@ class Child:
 class Options:
     namespace: str = "default"
     workers: int = os.cpu_count() or 1
+    external_workers: bool = False  # others join by hand: 0 workers is allowed
     concurrency: int = 1
     tags: tuple[str, ...] = ()
     host: str | None = None
@@ -136,9 +137,12 @@ class Options:
     def __post_init__(self) -> None:
         paths.validate_namespace(self.namespace)
         registries.check_url(self.discovery_url)
-        least = 0 if self.discovery_url else 1  # (others may join through Redis)
-        if self.workers < least:
-            raise ValueError(f"workers must be at least {least}, got {self.workers}")
+        joining = self.discovery_url or self.external_workers
+        if self.workers < (0 if joining else 1):
+            raise ValueError(
+                f"workers must be at least {0 if joining else 1}, got {self.workers}"
+                + ("" if joining else "; 0 only with --discovery or --external-workers")
+            )
         if self.concurrency < 1:
             raise ValueError(f"concurrency must be at least 1, got {self.concurrency}")
         if self.max_queued < 1:

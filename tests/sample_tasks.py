@@ -46,6 +46,13 @@ def pid_after(seconds: float) -> int:
 NOT_CALLABLE = 42
 
 
+def host_pid_after(seconds: float) -> int:
+    """:func:`pid_after`, as the machine's /proc names the process: its pid
+    outside a pid namespace of its own (where ``os.getpid()`` may be 1)."""
+    time.sleep(seconds)
+    return int(os.readlink("/proc/self"))
+
+
 def work(x: int) -> int:
     """A few milliseconds of work."""
     time.sleep(0.003)

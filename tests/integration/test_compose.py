@@ -8,10 +8,11 @@ from __future__ import annotations
 import os
 import secrets
 import shutil
+import signal
 import subprocess
 import sys
 from collections.abc import Iterator
-from contextlib import ExitStack, contextmanager
+from contextlib import ExitStack, contextmanager, suppress
 from pathlib import Path
 from typing import Any
 
@@ -20,17 +21,18 @@ import yaml
 
 from pool import Client
 from tests import sample_tasks
-from tests.helpers import ROOT, LineReader
-from tests.redis_server import RedisServer
+from tests.helpers import ROOT, LineReader, children_of, wait_until
+from tests.redis_server import RedisServer, free_port
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(90)]
 
 COMPOSE = ROOT / "docker-compose.yml"
+SINGLE_HOST = ROOT / "docker-compose.single-host.yml"
 WORKERS = 2  # --scale worker=2
 
 
-def _services() -> dict[str, Any]:
-    services: dict[str, Any] = yaml.safe_load(COMPOSE.read_text())["services"]
+def _services(compose: Path = COMPOSE) -> dict[str, Any]:
+    services: dict[str, Any] = yaml.safe_load(compose.read_text())["services"]
     return services
 
 
@@ -38,13 +40,14 @@ def _services() -> dict[str, Any]:
     shutil.which("docker-compose") is None,
     reason="docker-compose is not installed (.ci/run installs Debian's)",
 )
-def test_the_compose_file_is_valid(tmp_path: Path) -> None:
-    shutil.copy(COMPOSE, tmp_path / COMPOSE.name)
+@pytest.mark.parametrize("compose", [COMPOSE, SINGLE_HOST], ids=lambda p: p.name)
+def test_the_compose_file_is_valid(compose: Path, tmp_path: Path) -> None:
+    shutil.copy(compose, tmp_path / compose.name)
     shutil.copy(ROOT / "Dockerfile", tmp_path / "Dockerfile")
     (tmp_path / "token").write_text(secrets.token_hex(32))
     (tmp_path / "tasks").mkdir()
     done = subprocess.run(
-        ["docker-compose", "config", "-q"],
+        ["docker-compose", "-f", compose.name, "config", "-q"],
         cwd=tmp_path,
         capture_output=True,
         text=True,
@@ -97,16 +100,20 @@ def test_the_compose_topology_runs_tasks(
     namespace: str, redis_server: RedisServer, tmp_path: Path
 ) -> None:
     """redis (a real server), the dispatcher and two workers, as the file
-    says; a client submits through the dispatcher and the workers run it."""
+    says; a client that finds the dispatcher through Redis, as the file's
+    header says, submits through it and the workers run it."""
     services = _services()
     assert set(services) == {"redis", "dispatcher", "worker"}
     token = tmp_path / "token"
     token.write_text(secrets.token_hex(32))
     token.chmod(0o600)
+    port = free_port()
     names = {
         "redis://redis:6379": redis_server.url,
         "/run/secrets/pool_token": str(token),
         "--namespace=default": f"--namespace={namespace}",
+        "--port=7070": f"--port={port}",
+        "localhost:7070": f"127.0.0.1:{port}",
     }
     with ExitStack() as stack:
         dispatcher = stack.enter_context(
@@ -124,9 +131,89 @@ def test_the_compose_topology_runs_tasks(
                 )
             )
         dispatcher.wait_counts({"worker-added ": WORKERS}, 30)
-        with Client(namespace) as client:
+        # A client of the machine the ports are published on, as the header says.
+        remote = Client(
+            namespace, discovery_url=redis_server.url, token_file=str(token)
+        )
+        with remote as client:
             assert list(client.map(sample_tasks.square, range(200))) == [
                 x * x for x in range(200)
             ]
             pids = set(client.map(sample_tasks.pid_after, [0.2] * 8))
             assert len(pids) == WORKERS
+
+
+@contextmanager
+def _container(argv: list[str]) -> Iterator[int]:
+    """``argv`` as pid 1 of a pid namespace of its own; stopped as `docker
+    stop` does, with SIGTERM to it (unshare ignores SIGTERM), then SIGKILL.
+    Its pid outside."""
+    unshare = subprocess.Popen(
+        ["unshare", "--pid", "--fork", "--kill-child", *argv],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        stdin=subprocess.DEVNULL,
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
+    try:
+        wait_until(lambda: bool(children_of(unshare.pid)) or unshare.poll() is not None)
+        inside = children_of(unshare.pid)
+        yield inside[0] if inside else -1
+    finally:
+        for pid in children_of(unshare.pid) if unshare.poll() is None else []:
+            with suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGTERM)
+        try:
+            unshare.wait(60)
+        except subprocess.TimeoutExpired:
+            unshare.kill()  # (--kill-child: its child goes with it)
+            unshare.wait()
+
+
+def _pid_namespaces_allowed() -> bool:
+    """Whether this process may start one in a pid namespace of its own."""
+    if shutil.which("unshare") is None:
+        return False
+    probe = ["unshare", "--pid", "--fork", "--kill-child", "true"]
+    return subprocess.run(probe, capture_output=True, timeout=30).returncode == 0
+
+
+@pytest.mark.skipif(
+    not _pid_namespaces_allowed(),
+    reason="needs `unshare --pid` (root) to give each worker its own pids",
+)
+def test_the_single_host_topology_tells_deaths_by_lock_files(namespace: str) -> None:
+    """The single-host file's services as local processes sharing this
+    machine's /dev/shm (the shared IPC namespace) and one runtime directory
+    (the shared volume), each worker in a pid namespace of its own, as in a
+    container, so its published pid (1) means nothing to the dispatcher.
+    Tasks run on both workers; one SIGKILLed is dropped (told by its lock
+    file) and the tasks go on, on the other."""
+    services = _services(SINGLE_HOST)
+    assert set(services) == {"dispatcher", "worker"}
+    assert services["worker"]["ipc"] == "service:dispatcher"
+    names = {"--namespace=default": f"--namespace={namespace}"}
+    with ExitStack() as stack:
+        dispatcher = stack.enter_context(
+            _service(_local(services["dispatcher"]["command"], names), {})
+        )
+        dispatcher.wait_for("ready ", 30)
+        for _ in range(WORKERS):
+            argv = _local(services["worker"]["command"], names)
+            stack.enter_context(_container(argv))
+        added = dispatcher.wait_counts({"worker-added ": WORKERS}, 30)
+        assert all(" pid=1 " in line for line in added if "worker-added" in line)
+        with Client(namespace) as client:
+            pids = set(client.map(sample_tasks.host_pid_after, [0.2] * 8))
+            assert len(pids) == WORKERS
+            busy = client.map(sample_tasks.host_pid_after, [0.05] * 60, chunksize=1)
+            first = next(busy)
+            victim = sorted(pids)[0]
+            os.kill(victim, signal.SIGKILL)
+            rest = [first, *busy]
+            assert len(rest) == 60 and set(rest) <= pids
+            assert rest[-1] != victim
+            dispatcher.wait_for("worker-dropped ", 30)
+            after = set(client.map(sample_tasks.host_pid_after, [0.0] * 8))
+            assert after == pids - {victim}

@@ -226,8 +226,9 @@ def test_cli_errors_are_one_line(namespace: str) -> None:
         assert bad.stderr.count("\n") == 1
     none = pool_command("up", "-n", namespace, "--workers", "0")
     assert none.returncode == 2
-    assert (
-        none.stderr == "pool: error: workers must be at least 1, got 0 (see --help)\n"
+    assert none.stderr == (
+        "pool: error: workers must be at least 1, got 0; 0 only with --discovery "
+        "or --external-workers (see --help)\n"
     )
     for host in ("nosuch.invalid", "192.0.2.1"):  # (no name; TEST-NET-1)
         unbound = pool_command("up", "-n", namespace, "--host", host)
