@@ -121,8 +121,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--tls-ca",
         metavar="PEM",
         help="the CA that signed the certificates of workers serving TLS "
-        "(`python -m workers --tls-cert ... --tls-key ...`; default: the "
-        "system's roots)",
+        "(`python -m workers --tls-cert ... --tls-key ...`); once given, the "
+        "dispatcher takes no worker on TCP without TLS (default: the system's "
+        "roots, and plain-text workers are taken)",
     )
     up.add_argument(
         "--token-file",
@@ -159,6 +160,14 @@ def build_parser() -> argparse.ArgumentParser:
         "of other machines are given, for NAT and containers (default: the bound "
         "address, or this host's name when --host is 0.0.0.0 or ::)",
     )
+    up.add_argument(
+        "--tls-cert",
+        metavar="PEM",
+        help="with --host: serve TLS on the TCP ports with this certificate (and "
+        "--tls-key): the dispatcher's, for clients of other machines (this "
+        "machine's use its unix socket), and its workers'",
+    )
+    up.add_argument("--tls-key", metavar="PEM", help="the key of --tls-cert")
     up.add_argument(
         "--max-args-bytes",
         type=int,
@@ -359,6 +368,12 @@ def _remote(parser: argparse.ArgumentParser, *, token: bool = True) -> None:
             help="with --discovery: the pool's token (else $SHMPOOL_TOKEN, else "
             "this machine's pool's)",
         )
+        parser.add_argument(
+            "--tls-ca",
+            metavar="PEM",
+            help="with --discovery: the CA of a dispatcher that serves TLS "
+            "(`pool up --tls-cert`; default: the system's roots)",
+        )
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -419,8 +434,10 @@ def cmd_up(args: argparse.Namespace) -> int:
             check_host(args.host)
         except CannotListen as exc:
             raise UsageError(f"--host: {exc}") from None
-    elif args.port or args.advertise:
-        raise UsageError("--port and --advertise go with --host (TCP)")
+    elif args.port or args.advertise or args.tls_cert:
+        raise UsageError("--port, --advertise and --tls-cert go with --host (TCP)")
+    if bool(args.tls_cert) != bool(args.tls_key):
+        raise UsageError("--tls-cert and --tls-key go together")
     if not 0 <= args.port <= 65535:
         raise UsageError(f"--port must be 0 to 65535, got {args.port}")
     try:
@@ -446,6 +463,9 @@ def cmd_up(args: argparse.Namespace) -> int:
             discovery_url=args.discovery,
             token_file=args.token_file,
             tls_ca=os.path.abspath(args.tls_ca) if args.tls_ca else None,
+            tls=(os.path.abspath(args.tls_cert), os.path.abspath(args.tls_key))
+            if args.tls_cert
+            else None,
         )
     except ValueError as exc:
         raise UsageError(f"{exc} (see --help)") from None
@@ -538,6 +558,7 @@ def cmd_submit(args: argparse.Namespace) -> int:
         task_timeout_s=args.timeout_s,
         discovery_url=_url(args),
         token_file=args.token_file,
+        tls_ca=args.tls_ca,
     )
     try:
         result = client.submit(args.function, *positional, **keywords).result()
@@ -593,7 +614,7 @@ def _url(args: argparse.Namespace) -> str | None:
 
 
 def cmd_workers(args: argparse.Namespace) -> int:
-    locator = Locator(args.namespace, _url(args), args.token_file)
+    locator = Locator(args.namespace, _url(args), args.token_file, args.tls_ca)
     if locator.discovery_url is None:
         if owner_pid(args.namespace) is None:
             raise PoolNotRunning(args.namespace)
@@ -637,14 +658,21 @@ def _dispatcher_view(locator: Locator) -> tuple[dict[str, int], int] | None:
     """What the dispatcher has sent each worker (by uid) and has queued, or
     None when no dispatcher answers."""
     try:
-        address, token = locator.locate_now()
+        target = locator.locate_now()
+        channel = (
+            grpc.secure_channel(target.address, locator.credentials())
+            if target.tls
+            else grpc.insecure_channel(target.address)
+        )
     except PoolNotRunning:
         return None
-    with grpc.insecure_channel(address) as channel:
+    with channel:
         stub = DispatcherStub(channel)  # type: ignore[no-untyped-call]
         try:
             reply = stub.ListWorkers(
-                ListWorkersRequest(), metadata=auth.call_metadata(token), timeout=5
+                ListWorkersRequest(),
+                metadata=auth.call_metadata(target.token),
+                timeout=5,
             )
         except grpc.RpcError:
             return None

@@ -326,6 +326,8 @@ class Client(concurrent.futures.Executor):
         in this machine's runtime directory.
     :param token_file: with ``discovery_url``, the file holding the pool's
         token (else ``$SHMPOOL_TOKEN``, else this machine's pool's).
+    :param tls_ca: with ``discovery_url``, the CA (PEM file) of a dispatcher
+        that serves TLS (``pool up --tls-cert``; default: the system's roots).
     :raises PoolNotRunning: if no pool serves the namespace.
     """
 
@@ -338,9 +340,11 @@ class Client(concurrent.futures.Executor):
         ship_modules: Iterable[ModuleType] = (),
         discovery_url: str | None = None,
         token_file: str | None = None,
+        tls_ca: str | None = None,
     ) -> None:
         self.namespace = paths.validate_namespace(namespace)
-        locator = Locator(namespace, registries.check_url(discovery_url), token_file)
+        url = registries.check_url(discovery_url)
+        locator = Locator(namespace, url, token_file, tls_ca)
         self._submissions = Submissions(tags, task_timeout_s, ship_modules)
         self._shutdown_lock = threading.Lock()
         self._shutdown = False
@@ -558,7 +562,8 @@ class AsyncClient:
     :param namespace: the pool's namespace.
     :param tags: tags every task of this client requires of its worker.
     :param task_timeout_s: per-task limit enforced by the worker (None: none).
-    :param ship_modules, discovery_url, token_file: as for :class:`Client`.
+    :param ship_modules, discovery_url, token_file, tls_ca: as for
+        :class:`Client`.
     """
 
     def __init__(
@@ -570,11 +575,11 @@ class AsyncClient:
         ship_modules: Iterable[ModuleType] = (),
         discovery_url: str | None = None,
         token_file: str | None = None,
+        tls_ca: str | None = None,
     ) -> None:
         self.namespace = paths.validate_namespace(namespace)
-        self._locator = Locator(
-            namespace, registries.check_url(discovery_url), token_file
-        )
+        url = registries.check_url(discovery_url)
+        self._locator = Locator(namespace, url, token_file, tls_ca)
         self._submissions = Submissions(tags, task_timeout_s, ship_modules)
         self._connection: Connection | None = None
         self._group: asyncio.TaskGroup | None = None

@@ -239,13 +239,18 @@ class Connection:
     async def _serve(self) -> _Ended:
         """One stream, until it ends."""
         try:
-            address, token = await self._locator.locate()
+            target = await self._locator.locate()
+            if target.tls:
+                credentials = self._locator.credentials()
         except PoolNotRunning as exc:
             return _Ended(exc, served=False)  # no restart is coming
-        channel = aio.insecure_channel(address, options=GRPC_OPTIONS)
+        if target.tls:
+            channel = aio.secure_channel(target.address, credentials, GRPC_OPTIONS)
+        else:
+            channel = aio.insecure_channel(target.address, options=GRPC_OPTIONS)
         self.ledger.new_stream()
         stub = dispatcher_pb2_grpc.DispatcherStub(channel)  # type: ignore[no-untyped-call]
-        self._call = call = stub.SubmitStream(metadata=auth.call_metadata(token))
+        self._call = call = stub.SubmitStream(metadata=auth.call_metadata(target.token))
         try:
             async with asyncio.TaskGroup() as group:
                 sending = group.create_task(self._send(call))

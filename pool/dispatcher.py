@@ -30,13 +30,15 @@ import logging
 import os
 import sys
 from collections.abc import AsyncIterator, Sequence
+from pathlib import Path
 from typing import Final
+from uuid import UUID
 
 import grpc
 import uvloop
 from grpc import aio
 
-from discovery import paths, registries
+from discovery import WorkerInfo, paths, registries
 from pool import dispatcher_pb2_grpc
 from pool.dispatcher_pb2 import (
     ListWorkersReply,
@@ -48,6 +50,7 @@ from pool.dispatcher_pb2 import (
 from pool.links import WorkerLink
 from pool.routing import MAX_QUEUED, NO_WORKER_TIMEOUT_S, Job, Router
 from workers import auth, lifecycle, shipping, tasks
+from workers.lifecycle import TLS_KEY
 from workers.outbox import Outbox
 from workers.worker_pb2 import Result, ResultBatch
 
@@ -203,6 +206,7 @@ async def serve(
     host: str | None = None,
     port: int = 0,
     advertise: str | None = None,
+    tls: tuple[str, str] | None = None,
     parent_fd: int | None = None,
     control_fd: int | None = None,
     ready_fd: int | None = None,
@@ -213,7 +217,9 @@ async def serve(
 ) -> None:
     """Serve the namespace's clients until told to stop; see the module doc.
     Workers are found in the namespace's shared memory, or in the registry
-    at ``discovery_url`` (``redis://...``)."""
+    at ``discovery_url`` (``redis://...``). With ``tls`` (certificate and
+    key files), the TCP port of ``host`` serves TLS, for clients of other
+    machines, and this machine's clients use the unix socket."""
     stopper = lifecycle.Stopper(parent_fd)
     try:
         token = auth.read_token(namespace)
@@ -232,21 +238,32 @@ async def serve(
         )
         service = DispatcherService(router, min(MAX_STREAM_TASKS, max_queued))
         dispatcher_pb2_grpc.add_DispatcherServicer_to_server(service, server)  # type: ignore[no-untyped-call]
+
+        def socket() -> Path:
+            return paths.namespace_dir(namespace) / SOCKET_NAME
+
         address, socket_path = lifecycle.bind(
             server,
             host,
-            lambda: paths.namespace_dir(namespace) / SOCKET_NAME,
+            socket,
             port=port,
             advertise=advertise,
+            credentials=lifecycle.server_credentials(*tls) if tls else None,
         )
+        ready: dict[str, object] = {"address": address}
+        if tls:  # this machine's clients keep the private socket, in plain text
+            local, socket_path = lifecycle.bind(server, None, socket)
+            ready = {"address": local, "remote": address, "tls": True}
         await server.start()
         try:
             async with router, asyncio.TaskGroup() as group:
-                following = group.create_task(_follow(namespace, router, discovery_url))
+                following = group.create_task(
+                    _follow(namespace, router, discovery_url, tls_ca is not None)
+                )
                 obeying = None
                 if control_fd is not None:
                     obeying = group.create_task(_obey(control_fd, router, stopper))
-                lifecycle.announce_ready(ready_fd, address=address)
+                lifecycle.announce_ready(ready_fd, **ready)
                 await stopper.wait()
                 following.cancel()
                 await router.finish(LINGER_S)  # every result in, or failed
@@ -264,9 +281,41 @@ async def serve(
         stopper.close()
 
 
-async def _follow(namespace: str, router: Router, url: str | None) -> None:
+async def _follow(
+    namespace: str, router: Router, url: str | None, require_tls: bool
+) -> None:
+    """Pass the registry's events to the router, but none of a worker that
+    is not to be sent tasks (and the token): see :func:`refusal`."""
+    refused: set[UUID] = set()
     async for event in registries.subscriber_for(namespace, url):
+        info = event.worker_info
+        if info.uid in refused:
+            if event.type == "worker-dropped":
+                refused.discard(info.uid)
+            continue
+        if event.type == "worker-added" and (
+            why := refusal(info, namespace, require_tls)
+        ):
+            log.warning("not linking worker %s at %s: %s", info.uid, info.address, why)
+            refused.add(info.uid)
+            continue
         router.on_event(event)
+
+
+def refusal(info: WorkerInfo, namespace: str, require_tls: bool) -> str | None:
+    """Why the dispatcher must not send ``info`` tasks and the token, if it
+    must not. Whoever can write to the registry (Redis, say) could publish
+    any address: a unix socket must be in the pool's own private directory,
+    and once given a CA (``require_tls``), a worker on TCP must serve TLS,
+    so that its certificate is checked against the CA."""
+    if info.address.startswith("unix:"):
+        home = paths.namespace_dir(namespace, create=False)
+        if Path(info.address[5:]).parent != home:
+            return f"its unix socket is outside the pool's directory {home}"
+        return None
+    if require_tls and info.extra.get(TLS_KEY) != "1":
+        return "it does not serve TLS, and the pool requires it (--tls-ca)"
+    return None
 
 
 async def _obey(fd: int, router: Router, stopper: lifecycle.Stopper) -> None:
@@ -320,6 +369,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="with --host: the address clients are given, for NAT and containers",
     )
     parser.add_argument(
+        "--tls-cert",
+        metavar="PEM",
+        help="with --host: serve TLS on the TCP port with this certificate (and "
+        "--tls-key); this machine's clients use the unix socket",
+    )
+    parser.add_argument("--tls-key", metavar="PEM", help="the key of --tls-cert")
+    parser.add_argument(
         "--parent-fd", type=int, help="a pidfd of the process whose death ends this"
     )
     parser.add_argument(
@@ -367,6 +423,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 host=args.host,
                 port=args.port,
                 advertise=args.advertise,
+                tls=(args.tls_cert, args.tls_key) if args.tls_cert else None,
                 parent_fd=args.parent_fd,
                 control_fd=args.control_fd,
                 ready_fd=args.ready_fd,

@@ -21,7 +21,7 @@ from grpc import aio
 
 from discovery import WorkerInfo
 from workers import auth, shipping
-from workers.lifecycle import GRPC_OPTIONS
+from workers.lifecycle import GRPC_OPTIONS, TLS_KEY
 from workers.worker_pb2 import ResultBatch, Task, TaskBatch
 from workers.worker_pb2_grpc import WorkerStub
 
@@ -108,7 +108,7 @@ class WorkerLink:
 
     async def run(self) -> None:
         """Stream tasks to the worker and results back until the stream ends."""
-        if self.info.extra.get("tls") == "1":
+        if self.info.extra.get(TLS_KEY) == "1":
             # (No CA given: the system's roots.)
             tls = self._tls or grpc.ssl_channel_credentials()
             channel = aio.secure_channel(self.info.address, tls, options=GRPC_OPTIONS)

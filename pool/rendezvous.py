@@ -20,10 +20,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Final
+
+import grpc
 
 from discovery import owner_pid, paths
 from pool.errors import PoolNotRunning, PoolRefused
@@ -72,9 +75,43 @@ def _unavailable() -> tuple[type[BaseException], ...]:
     return (redis.ConnectionError, redis.TimeoutError, OSError)
 
 
-async def announce(url: str, namespace: str, address: Callable[[], str]) -> None:
-    """Keep the dispatcher's ``address()`` in Redis until cancelled, then
-    remove it. While Redis is unreachable, it tries again at each renewal."""
+@dataclass(frozen=True)
+class Announced:
+    """Where clients of other machines reach the dispatcher."""
+
+    address: str
+    tls: bool = False
+
+    def encode(self) -> str:
+        return json.dumps({"address": self.address, "tls": self.tls})
+
+    @classmethod
+    def decode(cls, data: bytes) -> Announced:
+        """:raises ValueError: for anything :meth:`encode` did not make."""
+        fields = json.loads(data)
+        if not isinstance(fields, dict) or not isinstance(fields.get("address"), str):
+            raise ValueError(f"not a dispatcher's announcement: {data!r}")
+        return cls(fields["address"], fields.get("tls") is True)
+
+
+@dataclass(frozen=True)
+class Target:
+    """A dispatcher to call: its address, the token, and whether it serves TLS."""
+
+    address: str
+    token: str
+    tls: bool = False
+
+
+async def announce(
+    url: str,
+    namespace: str,
+    where: Callable[[], Announced],
+    first: asyncio.Event,
+) -> None:
+    """Keep the dispatcher's ``where()`` in Redis until cancelled, then
+    remove it; ``first`` is set after the first try. While Redis is
+    unreachable, it tries again at each renewal."""
     import redis.asyncio as aioredis
 
     unavailable = _unavailable()
@@ -83,7 +120,8 @@ async def announce(url: str, namespace: str, address: Callable[[], str]) -> None
     try:
         while True:
             with contextlib.suppress(*unavailable):
-                await client.set(name, address(), px=int(LEASE_S * 1000))
+                await client.set(name, where().encode(), px=int(LEASE_S * 1000))
+            first.set()
             await asyncio.sleep(RENEW_S)  # the lease's heartbeat
     finally:
         with contextlib.suppress(*unavailable):
@@ -95,62 +133,84 @@ async def announce(url: str, namespace: str, address: Callable[[], str]) -> None
 class Locator:
     """How a client finds its pool: on this machine by default; through the
     Redis at ``discovery_url`` if given, with the token in ``token_file``
-    (else ``$SHMPOOL_TOKEN``, else this machine's pool's)."""
+    (else ``$SHMPOOL_TOKEN``, else this machine's pool's), and ``tls_ca``,
+    the CA of a dispatcher that serves TLS (else the system's roots)."""
 
     namespace: str
     discovery_url: str | None = None
     token_file: str | None = None
+    tls_ca: str | None = None
 
-    async def locate(self) -> tuple[str, str]:
-        """The dispatcher's address and the token to call it with.
+    async def locate(self) -> Target:
+        """The dispatcher to call.
 
         :raises PoolNotRunning: if no live pool announces it.
+        :raises PoolRefused: if there is no token to call it with.
         """
         if self.discovery_url is None:
-            return locate(self.namespace)
+            return Target(*locate(self.namespace))
         import redis.asyncio as aioredis
 
         client = aioredis.Redis.from_url(self.discovery_url, socket_connect_timeout=1.0)
         try:
             found = await client.get(_dispatcher_key(self.namespace))
         except _unavailable() as exc:
-            raise PoolNotRunning(
-                self.namespace, f"cannot reach {self.discovery_url}: {exc}"
-            ) from None
+            raise self._unreachable(exc) from None
         finally:
             await client.aclose()
-        return self._checked(found), self._token()
+        return self._target(found)
 
-    def locate_now(self) -> tuple[str, str]:
+    def locate_now(self) -> Target:
         """:meth:`locate` for code without an event loop."""
         if self.discovery_url is None:
-            return locate(self.namespace)
+            return Target(*locate(self.namespace))
         import redis
 
         client = redis.Redis.from_url(self.discovery_url, socket_connect_timeout=1.0)
         try:
             found = client.get(_dispatcher_key(self.namespace))
         except _unavailable() as exc:
-            raise PoolNotRunning(
-                self.namespace, f"cannot reach {self.discovery_url}: {exc}"
-            ) from None
+            raise self._unreachable(exc) from None
         finally:
             client.close()
-        return self._checked(found), self._token()
+        return self._target(found)
 
-    def _checked(self, found: object) -> str:
+    def credentials(self) -> grpc.ChannelCredentials:
+        """TLS credentials for a dispatcher that serves it.
+
+        :raises PoolRefused: if ``tls_ca`` cannot be read.
+        """
+        if self.tls_ca is None:
+            return grpc.ssl_channel_credentials()
+        try:
+            with open(self.tls_ca, "rb") as source:
+                return grpc.ssl_channel_credentials(source.read())
+        except OSError as exc:
+            raise PoolRefused(
+                self.namespace, f"cannot read the CA file {self.tls_ca!r}: {exc}"
+            ) from None
+
+    def _unreachable(self, exc: BaseException) -> PoolNotRunning:
+        return PoolNotRunning(
+            self.namespace, f"cannot reach {self.discovery_url}: {exc}"
+        )
+
+    def _target(self, found: object) -> Target:
         if not isinstance(found, bytes):
             raise PoolNotRunning(
                 self.namespace, f"no dispatcher is announced in {self.discovery_url}"
             )
-        address = found.decode()
-        if address.startswith("unix:") and not os.path.exists(address[5:]):
+        try:
+            where = Announced.decode(found)
+        except ValueError as exc:
+            raise PoolNotRunning(self.namespace, str(exc)) from None
+        if where.address.startswith("unix:") and not os.path.exists(where.address[5:]):
             raise PoolNotRunning(
                 self.namespace,
                 "its dispatcher listens on a unix socket of another machine; "
                 "start the pool with `pool up --host 0.0.0.0`",
             )
-        return address
+        return Target(where.address, self._token(), where.tls)
 
     def _token(self) -> str:
         try:

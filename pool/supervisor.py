@@ -133,6 +133,10 @@ class Options:
     # $SHMPOOL_TOKEN also gives it).
     token_file: str | None = None
     tls_ca: str | None = None  # the CA of workers that serve TLS (PEM file)
+    # A certificate and key (PEM files) for the TCP ports (with host): the
+    # dispatcher's serves TLS to clients of other machines (this machine's
+    # use its unix socket), and the workers' to the dispatcher.
+    tls: tuple[str, str] | None = None
 
     def __post_init__(self) -> None:
         paths.validate_namespace(self.namespace)
@@ -147,6 +151,13 @@ class Options:
             raise ValueError(f"concurrency must be at least 1, got {self.concurrency}")
         if self.max_queued < 1:
             raise ValueError(f"max_queued must be at least 1, got {self.max_queued}")
+        if self.host and self.workers and bool(self.tls_ca) != bool(self.tls):
+            raise ValueError(
+                "with --host, --tls-cert and --tls-ca go together: the workers "
+                "`pool up` puts on TCP serve TLS with the certificate, and the "
+                "dispatcher checks it against the CA (for a self-signed "
+                "certificate, give it as its own CA)"
+            )
 
 
 class Supervisor:
@@ -164,7 +175,8 @@ class Supervisor:
         self.options = options
         self.view = view
         self._on_ready = on_ready
-        self.address = ""
+        self.address = ""  # the dispatcher's, for this machine's clients
+        self.remote = rendezvous.Announced("")  # for others, with --discovery
         self._stopping = False
         self._dispatcher: Child | None = None
         self._workers: list[Child] = []
@@ -244,6 +256,17 @@ class Supervisor:
             try:
                 await self._start_all()
                 await self._until_registered()
+                if self.options.discovery_url:  # for clients of other machines
+                    announced = asyncio.Event()
+                    announcing = self._spawn(
+                        rendezvous.announce(
+                            self.options.discovery_url,
+                            ns,
+                            lambda: self.remote,
+                            announced,
+                        )
+                    )
+                    await announced.wait()  # findable once it says "ready"
                 ready: dict[str, Any] = {
                     "namespace": self.options.namespace,
                     "workers": len(self._workers),
@@ -254,12 +277,6 @@ class Supervisor:
                 self.view.note("ready", **ready)
                 self._ready = True
                 self._tell_dispatcher(started=True)
-                if self.options.discovery_url:  # for clients of other machines
-                    announcing = self._spawn(
-                        rendezvous.announce(
-                            self.options.discovery_url, ns, lambda: self.address
-                        )
-                    )
                 if self._on_ready is not None:
                     self._on_ready()
                 await stop.wait()
@@ -300,6 +317,11 @@ class Supervisor:
                 *host,
                 *(("--port", str(opts.port)) if opts.port else ()),
                 *(("--advertise", opts.advertise) if opts.advertise else ()),
+                *(
+                    ("--tls-cert", opts.tls[0], "--tls-key", opts.tls[1])
+                    if opts.tls
+                    else ()
+                ),
                 *("--no-worker-timeout-s", str(opts.no_worker_timeout_s)),
                 *("--max-queued", str(opts.max_queued)),
                 *(("--tls-ca", opts.tls_ca) if opts.tls_ca else ()),
@@ -319,6 +341,8 @@ class Supervisor:
             worker_argv += ["--path", path]
         if opts.reload:
             worker_argv.append("--reload")
+        if opts.tls and opts.host:  # the dispatcher's certificate, theirs too
+            worker_argv += ["--tls-cert", opts.tls[0], "--tls-key", opts.tls[1]]
         self._workers = [
             Child(f"worker-{i}", "workers.process", worker_argv)
             for i in range(opts.workers)
@@ -375,6 +399,9 @@ class Supervisor:
         self._registry_changed.set()  # _until_registered looks again
         if child is self._dispatcher:  # a restarted one may listen elsewhere
             self.address = child.ready["address"]
+            self.remote = rendezvous.Announced(
+                child.ready.get("remote", self.address), bool(child.ready.get("tls"))
+            )
             _write_private(self.options.namespace, ADDRESS_FILE, self.address)
             if self._ready:
                 self._tell_dispatcher(started=True)

@@ -1,8 +1,11 @@
 """A worker's publisher on Redis, in a process of its own, for tests:
-``python -m tests.redis_agent URL NAMESPACE TTL_S HEARTBEAT_S``.
+``python -m tests.redis_agent URL NAMESPACE TTL_S HEARTBEAT_S [ADDRESS [TAGS]]``.
 
-Publishes one worker (its uid on stdout as ``READY <uid>``), then keeps its
-lease until stdin closes (a clean exit: the worker drops) or it is killed.
+Publishes one worker (its uid on stdout as ``READY <uid>``), with ADDRESS
+(default 127.0.0.1:1, where nothing listens) and comma-separated TAGS, then
+keeps its lease until stdin closes (a clean exit: the worker drops) or it is
+killed. Nothing serves the address: it stands for whatever anyone who can
+write to Redis might publish.
 """
 
 from __future__ import annotations
@@ -18,8 +21,16 @@ from discovery import WorkerInfo
 from discovery.remote import RedisPublisher
 
 
-async def main(url: str, namespace: str, ttl_s: float, heartbeat_s: float) -> None:
-    info = WorkerInfo(uuid.uuid4(), "127.0.0.1:1", os.getpid(), "1")
+async def main(
+    url: str,
+    namespace: str,
+    ttl_s: float,
+    heartbeat_s: float,
+    address: str = "127.0.0.1:1",
+    tags: str = "",
+) -> None:
+    labels = frozenset(t for t in tags.split(",") if t)
+    info = WorkerInfo(uuid.uuid4(), address, os.getpid(), "1", tags=labels)
     leases = RedisPublisher(url, namespace, ttl_s=ttl_s, heartbeat_s=heartbeat_s)
     async with leases as publisher:
         await publisher.publish("worker-added", info)
@@ -28,4 +39,5 @@ async def main(url: str, namespace: str, ttl_s: float, heartbeat_s: float) -> No
 
 
 if __name__ == "__main__":
-    uvloop.run(main(sys.argv[1], sys.argv[2], float(sys.argv[3]), float(sys.argv[4])))
+    url, namespace, ttl_s, heartbeat_s, *rest = sys.argv[1:]
+    uvloop.run(main(url, namespace, float(ttl_s), float(heartbeat_s), *rest))

@@ -26,6 +26,7 @@ from typing import Any, Final
 import grpc
 from grpc import aio
 
+TLS_KEY: Final = "tls"  # in WorkerInfo.extra: "1" when the worker serves TLS
 MAX_MESSAGE_BYTES: Final = 128 * 1024 * 1024
 # A task's arguments must fit a message with room for the rest of its batch.
 MAX_ARGS_LIMIT: Final = MAX_MESSAGE_BYTES // 2

@@ -46,7 +46,6 @@ from workers.service import WorkerService
 log = logging.getLogger("workers")
 
 REPORT_INTERVAL_S: Final = 1.0
-TLS_KEY: Final = "tls"  # in WorkerInfo.extra: "1" when the worker serves TLS
 # Like Celery's worker_prefetch_multiplier: one task message per task caps a
 # pool near 3,000 tasks/s here; taking a few per slot lets each message carry
 # several and hides the dispatcher's round trip.
@@ -277,7 +276,10 @@ async def _serve(config: Config, stopper: lifecycle.Stopper) -> None:
             os.getpid(),
             discovery.__version__,
             tags=config.tags,
-            extra={**_counters(service), **({TLS_KEY: "1"} if config.tls else {})},
+            extra={
+                **_counters(service),
+                **({lifecycle.TLS_KEY: "1"} if config.tls else {}),
+            },
             capacity=config.concurrency * config.prefetch,
         )
         reporter = _Reporter(service, info, config.prefetch, changed)

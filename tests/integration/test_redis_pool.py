@@ -3,6 +3,7 @@ workers of other "hosts" (other loopback addresses) joining it over TCP."""
 
 from __future__ import annotations
 
+import json
 import os
 import secrets
 import signal
@@ -11,14 +12,16 @@ import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import cast
 
 import grpc
 import pytest
 import redis
 
-from discovery import list_workers
+from discovery import list_workers, paths
 from discovery.remote import registered
 from pool import Client
+from pool.rendezvous import locate
 from tests import sample_tasks
 from tests.helpers import ROOT, LineReader, wait_until
 from tests.pools import pool_command, processes_mentioning, running_pool
@@ -108,7 +111,10 @@ def test_a_worker_on_another_host_can_serve_tls(
 ) -> None:
     """A worker with --tls-cert/--tls-key on 127.0.0.2, and a pool whose
     dispatcher trusts its CA (--tls-ca): tasks run there; the worker does
-    not speak plain text."""
+    not speak plain text. Two more entries with the same tag, as anyone who
+    can write to Redis could publish, are never sent a task (nor the
+    token): a plain-text worker on 127.0.0.3, and a unix socket outside the
+    pool's directory. `pool up` says why, once each."""
     cert, key = _self_signed(tmp_path, "127.0.0.2")
     url = redis_server.url
     tls = ["--tls-cert", str(cert), "--tls-key", str(key)]
@@ -117,17 +123,56 @@ def test_a_worker_on_another_host_can_serve_tls(
     ) as pool:
         with (
             remote_worker(namespace, url, "127.0.0.2", *tls) as remote,
+            remote_worker(namespace, url, "127.0.0.3"),
+            _published(url, namespace, f"unix:{tmp_path}/elsewhere.sock"),
             Client(namespace, tags=("remote",)) as client,
         ):
             added = pool.wait_for("worker-added ", 30)
             address = added.split("address=")[1].split()[0]
-            assert client.submit(sample_tasks.pid_after, 0.0).result(30) == remote
+            refusals = {
+                line.split(" at ", 1)[1].split(":", 1)[0]: line.split(": ", 2)[2]
+                for line in pool.lines.wait_counts({"[dispatcher ": 2}, 30)
+                if line.startswith("[dispatcher ")
+            }
+            assert refusals == {
+                "unix": f"its unix socket is outside the pool's directory "
+                f"{paths.namespace_dir(namespace, create=False)}\n",
+                "127.0.0.3": "it does not serve TLS, and the pool requires it "
+                "(--tls-ca)\n",
+            }
+            pids = client.map(sample_tasks.pid_after, [0.0] * 8, chunksize=1)
+            assert set(pids) == {remote}
             plain = grpc.insecure_channel(address)
             try:
                 with pytest.raises(grpc.FutureTimeoutError):
                     grpc.channel_ready_future(plain).result(timeout=2)
             finally:
                 plain.close()
+
+
+@contextmanager
+def _published(url: str, namespace: str, address: str) -> Iterator[None]:
+    """A worker entry with the tag "remote" at ``address``, which nothing
+    serves, published in Redis by a process of its own until exit."""
+    agent = subprocess.Popen(
+        [
+            *(sys.executable, "-m", "tests.redis_agent", url, namespace),
+            *("3", "1", address, "remote"),
+        ],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
+    try:
+        LineReader(agent.stdout).wait_for("READY ", 30)
+        yield
+    finally:
+        assert agent.stdin is not None and agent.stdout is not None
+        agent.stdin.close()  # a clean exit: it drops its worker
+        agent.wait(30)
+        agent.stdout.close()
 
 
 def test_an_unreachable_registry_is_one_line(namespace: str) -> None:
@@ -248,3 +293,48 @@ def test_a_client_of_another_machine_finds_the_pool_through_redis(
     )
     assert gone.returncode == 1
     assert f"no dispatcher is announced in {url}" in gone.stderr
+
+
+def test_the_dispatcher_can_serve_tls_to_clients_of_other_machines(
+    namespace: str, redis_server: RedisServer, tmp_path: Path
+) -> None:
+    """`pool up --host 127.0.0.1 --tls-cert PEM --tls-key PEM --tls-ca PEM`:
+    the port it announces in Redis serves TLS and refuses plain text; its
+    worker serves TLS with the same certificate; a client of another machine
+    given the CA runs tasks through it; this machine's clients reach the
+    pool by its unix socket, as without --host. Half of it (a certificate
+    without a CA) is a usage error."""
+    cert, key = _self_signed(tmp_path, "127.0.0.1")
+    token = tmp_path / "token"
+    token.write_text(secrets.token_hex(32))
+    url = redis_server.url
+    tls = ["--tls-cert", str(cert), "--tls-key", str(key), "--tls-ca", str(cert)]
+    options = ["--discovery", url, "--token-file", str(token), "--host", "127.0.0.1"]
+    store = redis.Redis(port=redis_server.port)
+    try:
+        with running_pool(namespace, "--workers", "1", *options, *tls):
+            name = f"shmp:{{{namespace}}}:dispatcher"
+            announced = json.loads(cast(bytes, store.get(name)))  # before "ready"
+            assert announced["tls"] is True
+            assert announced["address"].startswith("127.0.0.1:")
+            plain = grpc.insecure_channel(announced["address"])
+            try:
+                with pytest.raises(grpc.FutureTimeoutError):
+                    grpc.channel_ready_future(plain).result(timeout=2)
+            finally:
+                plain.close()
+            worker = registered(url, namespace)[0].pid
+            remote = Client(
+                namespace, discovery_url=url, token_file=str(token), tls_ca=str(cert)
+            )
+            with remote:
+                assert remote.submit(sample_tasks.pid_after, 0.0).result(30) == worker
+            assert locate(namespace)[0].startswith("unix:")
+            with Client(namespace) as local:
+                assert local.submit(sample_tasks.pid_after, 0.0).result(30) == worker
+            assert registered(url, namespace)[0].extra["tls"] == "1"
+    finally:
+        store.close()
+    half = pool_command("up", "-n", namespace, "--host", "127.0.0.1", *tls[:4])
+    assert half.returncode == 2
+    assert half.stderr.startswith("pool: error: with --host, --tls-cert and --tls-ca")
