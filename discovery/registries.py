@@ -6,6 +6,7 @@ dispatcher). Both sides give the same events (see :mod:`discovery.remote`).
 
 from __future__ import annotations
 
+import importlib.util
 from collections.abc import AsyncIterator, Callable
 from types import TracebackType
 from typing import Protocol, Self
@@ -31,9 +32,17 @@ class AnyPublisher(Protocol):
 def check_url(url: str | None) -> str | None:
     """``url`` if it names a registry we know (None: shared memory).
 
-    :raises ValueError: for anything else, saying what is accepted.
+    :raises ValueError: for anything else, saying what is accepted, and
+        for a Redis URL when redis-py (the ``redis`` extra) is missing.
     """
-    if url is None or url.startswith(SCHEMES):
+    if url is None:
+        return None
+    if url.startswith(SCHEMES):
+        if importlib.util.find_spec("redis") is None:
+            raise ValueError(
+                f"--discovery {url!r} needs redis-py, which is not installed: "
+                f"pip install 'shm-pool[redis]'"
+            )
         return url
     raise ValueError(
         f"--discovery {url!r} is not a registry this pool knows; give "

@@ -43,9 +43,14 @@ from types import TracebackType
 from typing import Any, Final, Self, cast
 from uuid import UUID, uuid4
 
-import redis.asyncio as aioredis
-from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import TimeoutError as RedisTimeoutError
+try:
+    import redis.asyncio as aioredis
+    from redis.exceptions import ConnectionError as RedisConnectionError
+    from redis.exceptions import TimeoutError as RedisTimeoutError
+except ImportError:
+    raise ImportError(
+        "RedisDiscovery needs redis-py: pip install 'shm-pool[redis]'"
+    ) from None
 
 from discovery import paths
 from discovery.errors import (
@@ -495,8 +500,6 @@ def registered(url: str, namespace: str) -> list[WorkerInfo]:
         entries = cast(dict[bytes, bytes], client.hgetall(workers))
     finally:
         client.close()
-    alive = {uid.decode() for uid in live}
-    found = (
-        _decode(uid, data) for uid, data in entries.items() if uid.decode() in alive
-    )
+    alive = set(live)
+    found = (_decode(uid, data) for uid, data in entries.items() if uid in alive)
     return [info for info in found if info is not None]

@@ -293,9 +293,7 @@ class Connection:
         """The error that ends every task for good, if the pool refused us."""
         code = exc.code()
         if code == grpc.StatusCode.UNAUTHENTICATED:
-            self.refused = PoolRefused(
-                self.namespace, f"{WRONG_TOKEN} ({exc.details()})"
-            )
+            self.refused = PoolRefused(self.namespace, WRONG_TOKEN)
         elif code == grpc.StatusCode.FAILED_PRECONDITION:
             self.refused = ProtocolMismatch(self.namespace, exc.details() or "")
         return self.refused

@@ -5,8 +5,9 @@ True)``: a lock held for the pool's life; what a dead pool left is
 replaced), sweeps what other dead pools of this user left, creates the
 token, starts the dispatcher and the workers in their own sessions (so a
 terminal's Ctrl-C reaches only the supervisor), writes the dispatcher's
-address for clients, and shows every event through a
-:class:`~pool.view.View`.
+address for clients (and, with ``discovery_url``, announces it in Redis for
+clients of other machines: :mod:`pool.rendezvous`), and shows every event
+through a :class:`~pool.view.View`.
 
 Children are forked from a :class:`~pool.zygote.Zygote` that the
 supervisor starts first thing (its imports overlap the claim of the

@@ -13,12 +13,19 @@ page it visits and so copy it.
 
 import contextlib
 import os
+import sys
 
 # A session of its own, as every other pool process has: a signal sent to
 # the supervisor's process group (a terminal's, `timeout`'s, a service
 # manager's) is for the supervisor, which stops the pool in order.
 with contextlib.suppress(OSError):
     os.setsid()
+
+# portalocker imports its optional Redis lock whenever redis-py is installed
+# (the `redis` extra): 25 ms and about a megabyte in every pool process, for
+# a lock none of them uses. (A process on Redis discovery imports redis-py
+# itself, and portalocker's lock stays a stub that says it is missing.)
+sys.modules.setdefault("portalocker.redis", None)  # type: ignore[arg-type]
 
 os.environ["GRPC_ENABLE_FORK_SUPPORT"] = "0"
 # gRPC's INFO lines (a GOAWAY from each worker that stops) are not for users.

@@ -90,6 +90,33 @@ def test_a_pool_on_redis_runs_tasks_on_workers_of_other_hosts(
         store.close()
 
 
+def test_a_hung_host_drops_and_its_tasks_finish_elsewhere(
+    namespace: str, redis_server: RedisServer
+) -> None:
+    """A worker of another host SIGSTOPped mid-map (a hung host: its
+    connections stay open, it answers nothing) drops once its lease runs
+    out, and every task finishes, those it held on the other worker."""
+    url = redis_server.url
+    with running_pool(namespace, "--workers", "1", "--discovery", url) as pool:
+        with (
+            remote_worker(namespace, url, "127.0.0.2") as hung,
+            remote_worker(namespace, url, "127.0.0.3") as other,
+            Client(namespace, tags=("remote",)) as client,
+        ):
+            pool.lines.wait_counts({"worker-added ": 2}, 30)  # (the 2 joining)
+            busy = client.map(sample_tasks.pid_after, [0.05] * 60, chunksize=1)
+            first = next(busy)
+            os.kill(hung, signal.SIGSTOP)
+            try:
+                rest = [first, *busy]
+                dropped = pool.wait_for("worker-dropped ", 30)
+            finally:
+                os.kill(hung, signal.SIGCONT)  # (so that it can stop)
+            assert len(rest) == 60 and set(rest) <= {hung, other}
+            assert rest[-1] == other
+            assert f"pid={hung} " in dropped
+
+
 def _self_signed(directory: Path, ip: str) -> tuple[Path, Path]:
     """A certificate for ``ip`` (its own CA) and its key, made by openssl."""
     cert, key = directory / "cert.pem", directory / "key.pem"
