@@ -624,7 +624,7 @@ def cmd_workers(args: argparse.Namespace) -> int:
 
         registries.check_reachable(locator.discovery_url)
         infos = registered(locator.discovery_url, args.namespace)
-    infos = sorted(infos, key=lambda info: (info.address, info.pid))
+    infos = sorted(infos, key=lambda info: (info.pid, info.address))
     routing = _dispatcher_view(locator)
     columns = ["pid", "uid", "address", "status", "running", "done"]
     if routing is not None:

@@ -360,21 +360,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         const=lifecycle.LOOPBACK,
         help=f"listen on TCP HOST:<free port> (default {lifecycle.LOOPBACK})",
     )
-    parser.add_argument(
-        "--port", type=int, default=0, help="with --host: the TCP port (default: free)"
+    lifecycle.add_tcp_arguments(
+        parser,
+        who="clients of other machines check it; this machine's use the unix socket",
     )
-    parser.add_argument(
-        "--advertise",
-        metavar="HOST[:PORT]",
-        help="with --host: the address clients are given, for NAT and containers",
-    )
-    parser.add_argument(
-        "--tls-cert",
-        metavar="PEM",
-        help="with --host: serve TLS on the TCP port with this certificate (and "
-        "--tls-key); this machine's clients use the unix socket",
-    )
-    parser.add_argument("--tls-key", metavar="PEM", help="the key of --tls-cert")
     parser.add_argument(
         "--parent-fd", type=int, help="a pidfd of the process whose death ends this"
     )

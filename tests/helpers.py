@@ -160,6 +160,20 @@ def agent(*args: str, prefix: Sequence[str] = ()) -> Iterator[Agent]:
                     stream.close()
 
 
+def python_module(*args: str, stdin: bool = False) -> subprocess.Popen[str]:
+    """``python -m ARGS`` from the project's root, its stdout a text pipe
+    (and its stdin, with ``stdin``); stderr is dropped."""
+    return subprocess.Popen(
+        [sys.executable, "-m", *args],
+        stdin=subprocess.PIPE if stdin else subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
+
+
 def wait_until(predicate: Callable[[], bool], timeout_s: float = DEADLINE_S) -> None:
     """Poll ``predicate`` (with back-off) until it holds or the deadline passes."""
     deadline = time.monotonic() + timeout_s

@@ -10,6 +10,7 @@ names one process for good, where a pid may be reused.
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import io
 import ipaddress
@@ -65,6 +66,28 @@ def check_host(host: str) -> None:
         raise CannotListen(
             repr(host), f"{reason}; give an address of this machine"
         ) from None
+
+
+def add_tcp_arguments(parser: argparse.ArgumentParser, *, who: str) -> None:
+    """``--port``, ``--advertise``, ``--tls-cert`` and ``--tls-key``, which
+    go with ``--host``; ``who`` says who checks the certificate."""
+    parser.add_argument(
+        "--port", type=int, default=0, help="with --host: the TCP port (default: free)"
+    )
+    parser.add_argument(
+        "--advertise",
+        metavar="HOST[:PORT]",
+        help="with --host: the address to publish, for NAT and containers (the "
+        "bound port unless given; default: the bound address, or this host's "
+        "name when --host is 0.0.0.0 or ::)",
+    )
+    parser.add_argument(
+        "--tls-cert",
+        metavar="PEM",
+        help=f"with --host: serve TLS on the TCP port with this certificate (and "
+        f"--tls-key); {who}",
+    )
+    parser.add_argument("--tls-key", metavar="PEM", help="the key of --tls-cert")
 
 
 def bind(

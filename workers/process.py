@@ -152,23 +152,9 @@ def parse_args(argv: Sequence[str] | None = None) -> Config:
         help="publish into the registry at redis://HOST:PORT instead of the "
         "namespace's shared memory",
     )
-    parser.add_argument(
-        "--port", type=int, default=0, help="with --host: the TCP port (default: free)"
+    lifecycle.add_tcp_arguments(
+        parser, who="the dispatcher checks it against its --tls-ca"
     )
-    parser.add_argument(
-        "--advertise",
-        metavar="HOST[:PORT]",
-        help="with --host: the address to publish, for NAT and containers (the "
-        "bound port unless given; default: the bound address, or this host's "
-        "name when --host is 0.0.0.0 or ::)",
-    )
-    parser.add_argument(
-        "--tls-cert",
-        metavar="PEM",
-        help="with --host: serve TLS with this certificate (and --tls-key); the "
-        "dispatcher checks it against its --tls-ca",
-    )
-    parser.add_argument("--tls-key", metavar="PEM", help="the key of --tls-cert")
     parser.add_argument(
         "--token-file",
         metavar="PATH",

@@ -9,7 +9,6 @@ import contextlib
 import os
 import signal
 import subprocess
-import sys
 import uuid
 from collections.abc import AsyncIterator, Iterator
 
@@ -18,7 +17,7 @@ import pytest
 from discovery import DiscoveryEvent, WorkerInfo
 from discovery.errors import WorkerAlreadyRegistered, WorkerNotRegistered
 from discovery.remote import RedisDiscovery, RedisSubscriber
-from tests.helpers import ROOT
+from tests.helpers import python_module
 from tests.redis_server import RedisServer
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
@@ -117,17 +116,10 @@ def agent(
 ) -> Iterator[tuple[subprocess.Popen[str], str]]:
     """A publisher in another process, with the discovery's leases; its
     worker's uid."""
-    proc = subprocess.Popen(
-        [
-            *(sys.executable, "-m", "tests.redis_agent", server.url),
-            discovery.namespace,
-            *(str(discovery.ttl_s), str(discovery.heartbeat_s)),
-        ],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        text=True,
-        cwd=ROOT,
-        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    proc = python_module(
+        *("tests.redis_agent", server.url, discovery.namespace),
+        *(str(discovery.ttl_s), str(discovery.heartbeat_s)),
+        stdin=True,
     )
     try:
         assert proc.stdout is not None

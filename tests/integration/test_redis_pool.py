@@ -23,7 +23,7 @@ from discovery.remote import registered
 from pool import Client
 from pool.rendezvous import locate
 from tests import sample_tasks
-from tests.helpers import ROOT, LineReader, wait_until
+from tests.helpers import ROOT, LineReader, python_module, wait_until
 from tests.pools import pool_command, processes_mentioning, running_pool
 from tests.redis_server import RedisServer
 from workers import auth
@@ -35,16 +35,9 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(90)]
 def remote_worker(namespace: str, url: str, host: str, *options: str) -> Iterator[int]:
     """A worker started by hand, as on another host: TCP on ``host``,
     registered in Redis, with the tag "remote". Its pid."""
-    proc = subprocess.Popen(
-        [
-            *(sys.executable, "-m", "workers", "--namespace", namespace),
-            *("--discovery", url, "--host", host, "--tags", "remote", *options),
-        ],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.DEVNULL,
-        text=True,
-        cwd=ROOT,
-        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    proc = python_module(
+        *("workers", "--namespace", namespace, "--discovery", url),
+        *("--host", host, "--tags", "remote", *options),
     )
     try:
         LineReader(proc.stdout).wait_for("READY ", 30)
@@ -181,16 +174,9 @@ def test_a_worker_on_another_host_can_serve_tls(
 def _published(url: str, namespace: str, address: str) -> Iterator[None]:
     """A worker entry with the tag "remote" at ``address``, which nothing
     serves, published in Redis by a process of its own until exit."""
-    agent = subprocess.Popen(
-        [
-            *(sys.executable, "-m", "tests.redis_agent", url, namespace),
-            *("3", "1", address, "remote"),
-        ],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        text=True,
-        cwd=ROOT,
-        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    agent = python_module(
+        *("tests.redis_agent", url, namespace, "3", "1", address, "remote"),
+        stdin=True,
     )
     try:
         LineReader(agent.stdout).wait_for("READY ", 30)
