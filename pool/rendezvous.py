@@ -164,16 +164,7 @@ class Locator:
         """:meth:`locate` for code without an event loop."""
         if self.discovery_url is None:
             return Target(*locate(self.namespace))
-        import redis
-
-        client = redis.Redis.from_url(self.discovery_url, socket_connect_timeout=1.0)
-        try:
-            found = client.get(_dispatcher_key(self.namespace))
-        except _unavailable() as exc:
-            raise self._unreachable(exc) from None
-        finally:
-            client.close()
-        return self._target(found)
+        return asyncio.run(self.locate())
 
     def credentials(self) -> grpc.ChannelCredentials:
         """TLS credentials for a dispatcher that serves it.
