@@ -20,9 +20,9 @@ from typing import TYPE_CHECKING, Any
 # imports the dispatcher without the clients, the supervisor and rich.
 _HOMES: dict[str, str] = {
     "__version__": "discovery",
-    "AsyncClient": "pool.client",
-    "Client": "pool.client",
-    "Pool": "pool.embedded",
+    "AsyncClient": "pool.client.executor",
+    "Client": "pool.client.executor",
+    "Pool": "pool.client.embedded",
     "NoWorkerAvailable": "pool.errors",
     "PoolAlreadyRunning": "pool.errors",
     "PoolError": "pool.errors",
@@ -31,20 +31,20 @@ _HOMES: dict[str, str] = {
     "PoolStopping": "pool.errors",
     "ProtocolMismatch": "pool.errors",
     "WorkerLost": "pool.errors",
-    "ArgumentsTooLarge": "workers.tasks",
-    "BadTask": "workers.tasks",
-    "FunctionNotFound": "workers.tasks",
-    "NotCallable": "workers.tasks",
-    "RemoteError": "workers.tasks",
-    "RemoteTraceback": "workers.tasks",
-    "TaskIdReused": "workers.tasks",
-    "TaskTimeout": "workers.tasks",
+    "ArgumentsTooLarge": "workers.protocol.codec",
+    "BadTask": "workers.protocol.codec",
+    "FunctionNotFound": "workers.protocol.codec",
+    "NotCallable": "workers.protocol.codec",
+    "RemoteError": "workers.protocol.codec",
+    "RemoteTraceback": "workers.protocol.codec",
+    "TaskIdReused": "workers.protocol.codec",
+    "TaskTimeout": "workers.protocol.codec",
 }
 
 if TYPE_CHECKING:
     from discovery import __version__
-    from pool.client import AsyncClient, Client
-    from pool.embedded import Pool
+    from pool.client.embedded import Pool
+    from pool.client.executor import AsyncClient, Client
     from pool.errors import (
         NoWorkerAvailable,
         PoolAlreadyRunning,
@@ -55,7 +55,7 @@ if TYPE_CHECKING:
         ProtocolMismatch,
         WorkerLost,
     )
-    from workers.tasks import (
+    from workers.protocol.codec import (
         ArgumentsTooLarge,
         BadTask,
         FunctionNotFound,

@@ -1,5 +1,5 @@
 from discovery import worker_info_pb2 as _worker_info_pb2
-from workers import worker_pb2 as _worker_pb2
+from workers.protocol import worker_pb2 as _worker_pb2
 from google.protobuf.internal import containers as _containers
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message

@@ -4,7 +4,7 @@ import grpc
 import warnings
 
 from pool import dispatcher_pb2 as pool_dot_dispatcher__pb2
-from workers import worker_pb2 as workers_dot_worker__pb2
+from workers.protocol import worker_pb2 as workers_dot_protocol_dot_worker__pb2
 
 GRPC_GENERATED_VERSION = '1.85.1'
 GRPC_VERSION = grpc.__version__
@@ -38,7 +38,7 @@ class DispatcherStub:
         self.SubmitStream = channel.stream_stream(
                 '/shmpool.dispatcher.v1.Dispatcher/SubmitStream',
                 request_serializer=pool_dot_dispatcher__pb2.SubmissionBatch.SerializeToString,
-                response_deserializer=workers_dot_worker__pb2.ResultBatch.FromString,
+                response_deserializer=workers_dot_protocol_dot_worker__pb2.ResultBatch.FromString,
                 _registered_method=True)
         self.ListWorkers = channel.unary_unary(
                 '/shmpool.dispatcher.v1.Dispatcher/ListWorkers',
@@ -73,7 +73,7 @@ def add_DispatcherServicer_to_server(servicer, server):
             'SubmitStream': grpc.stream_stream_rpc_method_handler(
                     servicer.SubmitStream,
                     request_deserializer=pool_dot_dispatcher__pb2.SubmissionBatch.FromString,
-                    response_serializer=workers_dot_worker__pb2.ResultBatch.SerializeToString,
+                    response_serializer=workers_dot_protocol_dot_worker__pb2.ResultBatch.SerializeToString,
             ),
             'ListWorkers': grpc.unary_unary_rpc_method_handler(
                     servicer.ListWorkers,
@@ -107,7 +107,7 @@ class Dispatcher:
             target,
             '/shmpool.dispatcher.v1.Dispatcher/SubmitStream',
             pool_dot_dispatcher__pb2.SubmissionBatch.SerializeToString,
-            workers_dot_worker__pb2.ResultBatch.FromString,
+            workers_dot_protocol_dot_worker__pb2.ResultBatch.FromString,
             options,
             channel_credentials,
             insecure,

@@ -18,7 +18,7 @@ import uuid
 import uvloop
 
 from discovery import WorkerInfo
-from discovery.remote import RedisPublisher
+from discovery.redis.backend import RedisPublisher
 
 
 async def main(

@@ -11,12 +11,12 @@ from typing import Any
 import grpc
 
 from discovery import list_workers
+from pool.client.rendezvous import locate
 from pool.dispatcher_pb2_grpc import DispatcherStub
-from pool.rendezvous import locate
-from workers import auth, tasks
-from workers.lifecycle import GRPC_OPTIONS
-from workers.worker_pb2 import Result, Task, TaskBatch
-from workers.worker_pb2_grpc import WorkerStub
+from workers.protocol import auth, codec
+from workers.protocol.worker_pb2 import Result, Task, TaskBatch
+from workers.protocol.worker_pb2_grpc import WorkerStub
+from workers.serving import GRPC_OPTIONS
 
 SQUARE = "tests.sample_tasks:square"
 ASYNC_NAP = "tests.sample_tasks:async_nap"
@@ -24,7 +24,7 @@ ASYNC_NAP = "tests.sample_tasks:async_nap"
 
 def call(*args: Any, **kwargs: Any) -> bytes:
     """The wire bytes of a call's arguments."""
-    return tasks.dump_call(args, kwargs)
+    return codec.dump_call(args, kwargs)
 
 
 def value(result: Result) -> Any:
@@ -34,7 +34,7 @@ def value(result: Result) -> Any:
 
 def status(result: Result) -> grpc.StatusCode:
     assert result.HasField("failure"), result
-    return tasks.status_of(result.failure)
+    return codec.status_of(result.failure)
 
 
 @contextmanager

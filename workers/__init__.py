@@ -1,8 +1,8 @@
 """A worker process: a gRPC server that runs tasks and publishes itself.
 
 ``python -m workers --namespace NS`` runs one (see :mod:`workers.process`).
-:mod:`workers.tasks` is the task format both sides share; :mod:`workers.auth`
-the pool's token.
+:mod:`workers.protocol` is what the dispatcher and clients speak to a
+worker: the task codec, functions shipped by value, the token, the outbox.
 """
 
 import os

@@ -1,5 +1,5 @@
 """Finding a task's callable in a worker: by name, ``"module:qualname"``,
-or shipped by value (:mod:`workers.shipping`).
+or shipped by value (:mod:`workers.protocol.shipping`).
 
 Owns the worker's table of resolved names. Importing runs a module's code,
 and unpickling a shipped function may import too, which may take any time,
@@ -25,9 +25,9 @@ from collections.abc import Callable
 from types import ModuleType
 from typing import Any, NamedTuple
 
-from workers import shipping
-from workers.tasks import BadTask, FunctionNotFound, NotCallable
-from workers.worker_pb2 import Task
+from workers.protocol import shipping
+from workers.protocol.codec import BadTask, FunctionNotFound, NotCallable
+from workers.protocol.worker_pb2 import Task
 
 Stamp = tuple[int, int] | None  # a source file's (mtime ns, size)
 

@@ -5,7 +5,7 @@ interpreter joins at exit and which refuses work once the interpreter has
 begun to exit. :func:`in_daemon_thread` runs one call in a daemon thread of
 its own instead: an import that never returns does not keep a worker
 alive, and an embedded pool can still close its registry from an atexit
-hook. Callers: :mod:`workers.service`, :mod:`pool.supervisor`.
+hook. Callers: :mod:`workers.service`, :mod:`pool.supervisor.orchestration`.
 """
 
 from __future__ import annotations

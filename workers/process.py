@@ -39,8 +39,9 @@ from grpc import aio
 from grpc_health.v1 import health, health_pb2_grpc
 
 import discovery
-from discovery import DiscoveryError, Status, WorkerInfo, paths, registries
-from workers import auth, imports, lifecycle, tasks, worker_pb2_grpc
+from discovery import DiscoveryError, Status, WorkerInfo, backends, paths
+from workers import imports, serving
+from workers.protocol import auth, codec, worker_pb2_grpc
 from workers.service import WorkerService
 
 log = logging.getLogger("workers")
@@ -66,7 +67,7 @@ class Config:
     grace_s: float
     parent_fd: int | None
     ready_fd: int | None
-    max_args_bytes: int = tasks.MAX_ARGS_BYTES
+    max_args_bytes: int = codec.MAX_ARGS_BYTES
     output_fd: int | None = None
     paths: tuple[str, ...] = ()
     reload: bool = False
@@ -101,9 +102,9 @@ def parse_args(argv: Sequence[str] | None = None) -> Config:
     parser.add_argument(
         "--host",
         nargs="?",
-        const=lifecycle.LOOPBACK,
+        const=serving.LOOPBACK,
         help="listen on TCP HOST:<free port> instead of a unix socket (HOST "
-        f"defaults to {lifecycle.LOOPBACK}; every call still needs the token)",
+        f"defaults to {serving.LOOPBACK}; every call still needs the token)",
     )
     parser.add_argument(
         "--tags", default="", help="comma-separated labels tasks may require"
@@ -117,9 +118,9 @@ def parse_args(argv: Sequence[str] | None = None) -> Config:
     parser.add_argument(
         "--max-args-bytes",
         type=int,
-        default=tasks.MAX_ARGS_BYTES,
+        default=codec.MAX_ARGS_BYTES,
         help="refuse a task whose pickled arguments are larger, with "
-        f"RESOURCE_EXHAUSTED (default {tasks.MAX_ARGS_BYTES})",
+        f"RESOURCE_EXHAUSTED (default {codec.MAX_ARGS_BYTES})",
     )
     parser.add_argument(
         "--parent-fd",
@@ -152,7 +153,7 @@ def parse_args(argv: Sequence[str] | None = None) -> Config:
         help="publish into the registry at redis://HOST:PORT instead of the "
         "namespace's shared memory",
     )
-    lifecycle.add_tcp_arguments(
+    serving.add_tcp_arguments(
         parser, who="the dispatcher checks it against its --tls-ca"
     )
     parser.add_argument(
@@ -170,14 +171,14 @@ def parse_args(argv: Sequence[str] | None = None) -> Config:
         parser.error("--tls-cert and --tls-key go together")
     if not 0 <= args.port <= 65535:
         parser.error(f"--port must be 0 to 65535, got {args.port}")
-    if not 0 <= args.max_args_bytes <= lifecycle.MAX_ARGS_LIMIT:
+    if not 0 <= args.max_args_bytes <= serving.MAX_ARGS_LIMIT:
         parser.error(
-            f"--max-args-bytes must be 0 to {lifecycle.MAX_ARGS_LIMIT}, "
+            f"--max-args-bytes must be 0 to {serving.MAX_ARGS_LIMIT}, "
             f"got {args.max_args_bytes}"
         )
     try:
         paths.validate_namespace(args.namespace)
-        registries.check_url(args.discovery)
+        backends.check_url(args.discovery)
     except ValueError as exc:
         parser.error(str(exc))
     tags = frozenset(t.strip() for t in args.tags.split(",") if t.strip())
@@ -204,7 +205,7 @@ def parse_args(argv: Sequence[str] | None = None) -> Config:
 
 def main(argv: Sequence[str] | None = None) -> int:
     config = parse_args(argv)
-    lifecycle.redirect_output(config.output_fd)
+    serving.redirect_output(config.output_fd)
     sys.path[:0] = [p for p in config.paths if p not in sys.path]
     imports.reload_changed(config.reload)
     logging.basicConfig(level=logging.WARNING, format="worker %(process)d: %(message)s")
@@ -214,7 +215,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         DiscoveryError,
         auth.MissingToken,
         auth.BadToken,
-        lifecycle.CannotListen,
+        serving.CannotListen,
     ) as exc:
         print(f"worker: error: {exc}", file=sys.stderr)
         return 1
@@ -226,14 +227,14 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 async def serve(config: Config) -> None:
     """Serve until told to stop, then drain; see the module docstring."""
-    stopper = lifecycle.Stopper(config.parent_fd)
+    stopper = serving.Stopper(config.parent_fd)
     try:
         await _serve(config, stopper)
     finally:
         stopper.close()
 
 
-async def _serve(config: Config, stopper: lifecycle.Stopper) -> None:
+async def _serve(config: Config, stopper: serving.Stopper) -> None:
     token = auth.token_for(config.namespace, config.token_file)
     uid = uuid.uuid4()
     changed = asyncio.Event()
@@ -241,18 +242,18 @@ async def _serve(config: Config, stopper: lifecycle.Stopper) -> None:
         config.concurrency, changed.set, max_args_bytes=config.max_args_bytes
     )
     server = aio.server(
-        interceptors=[auth.CallInterceptor(token)], options=lifecycle.GRPC_OPTIONS
+        interceptors=[auth.CallInterceptor(token)], options=serving.GRPC_OPTIONS
     )
     worker_pb2_grpc.add_WorkerServicer_to_server(service, server)  # type: ignore[no-untyped-call]
     health_service = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_service, server)
-    address, socket_path = lifecycle.bind(
+    address, socket_path = serving.bind(
         server,
         config.host,
         lambda: paths.namespace_dir(config.namespace) / f"w-{uid.hex[:12]}.sock",
         port=config.port,
         advertise=config.advertise,
-        credentials=lifecycle.server_credentials(*config.tls) if config.tls else None,
+        credentials=serving.server_credentials(*config.tls) if config.tls else None,
     )
     await server.start()
     try:
@@ -264,15 +265,15 @@ async def _serve(config: Config, stopper: lifecycle.Stopper) -> None:
             tags=config.tags,
             extra={
                 **_counters(service),
-                **({lifecycle.TLS_KEY: "1"} if config.tls else {}),
+                **({serving.TLS_KEY: "1"} if config.tls else {}),
             },
             capacity=config.concurrency * config.prefetch,
         )
         reporter = _Reporter(service, info, config.prefetch, changed)
-        registry = registries.publisher_for(config.namespace, config.discovery_url)
+        registry = backends.publisher_for(config.namespace, config.discovery_url)
         async with registry as publisher:
             await publisher.publish("worker-added", info)
-            lifecycle.announce_ready(config.ready_fd, uid=str(uid), address=address)
+            serving.announce_ready(config.ready_fd, uid=str(uid), address=address)
             async with asyncio.TaskGroup() as group:
                 reporting = group.create_task(reporter.run(publisher))
                 await stopper.wait()
@@ -339,7 +340,7 @@ class _Reporter:
             1, free * self._prefetch * (SHORT_PREFETCH if pace == "short" else 1)
         )
 
-    async def run(self, publisher: registries.AnyPublisher) -> None:
+    async def run(self, publisher: backends.AnyPublisher) -> None:
         published = self._info
         stuck_changed = self._service.stuck_changed
         while True:

@@ -27,7 +27,7 @@ supervisor replaces it after a grace period.
 Importing a task's module (the first time it is named, or again when
 ``--reload`` sees it changed), unpickling a function shipped by value (the
 first time its digest comes; each stream keeps the pickles it carried,
-:mod:`workers.shipping`) and unpickling large arguments of coroutine tasks
+:mod:`workers.protocol.shipping`) and unpickling large arguments of coroutine tasks
 run in daemon threads, never on the loop. A task that cannot be run as
 sent is answered alone with its precise status (see
 ``proto/workers/worker.proto``); its stream goes on.
@@ -48,10 +48,11 @@ from typing import Any, Final, Literal
 
 from grpc import aio
 
-from workers import imports, shipping, tasks, worker_pb2_grpc
+from workers import imports
 from workers.offload import in_daemon_thread
-from workers.outbox import Outbox
-from workers.worker_pb2 import Failure, Result, ResultBatch, Task, TaskBatch
+from workers.protocol import codec, shipping, worker_pb2_grpc
+from workers.protocol.outbox import Outbox
+from workers.protocol.worker_pb2 import Failure, Result, ResultBatch, Task, TaskBatch
 
 # A stream with this many tasks unanswered is not read until some finish: a
 # caller that ignores the advertised capacity meets gRPC flow control.
@@ -120,7 +121,7 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
         concurrency: int,
         on_change: Callable[[], None],
         *,
-        max_args_bytes: int = tasks.MAX_ARGS_BYTES,
+        max_args_bytes: int = codec.MAX_ARGS_BYTES,
     ) -> None:
         if concurrency < 1:
             raise ValueError(f"concurrency must be at least 1, got {concurrency}")
@@ -230,19 +231,19 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
 
     def _accept(self, stream: _Stream, task: Task) -> None:
         code = b""
-        if task.digest:  # first, whatever becomes of it: see workers.shipping
+        if task.digest:  # first, whatever becomes of it: see workers.protocol.shipping
             try:
                 code = stream.shipped.incoming(task.digest, task.code)
             except shipping.ShippingError as exc:
-                failure = tasks.failure_of(tasks.BadTask(str(exc)), remote=False)
+                failure = codec.failure_of(codec.BadTask(str(exc)), remote=False)
                 stream.outbox.put(_failed(task.id, failure))
                 return
             task.ClearField("code")
         if task.id in stream.entries:
-            stream.outbox.put(_failed(task.id, tasks.id_reused(task.id)))
+            stream.outbox.put(_failed(task.id, codec.id_reused(task.id)))
             return
         if not self.takes_tasks:
-            stream.outbox.put(_failed(task.id, tasks.rejected(self._busy_reason)))
+            stream.outbox.put(_failed(task.id, codec.rejected(self._busy_reason)))
             return
         entry = _Entry(task, stream, code)
         stream.entries[task.id] = entry
@@ -257,9 +258,9 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
         if entry.answered:
             return  # cancelled before it started
         try:
-            tasks.check_timeout(entry.task)
-        except tasks.BadTask as exc:
-            self._answer(entry, _failed(entry.task.id, tasks.failure_of(exc)))
+            codec.check_timeout(entry.task)
+        except codec.BadTask as exc:
+            self._answer(entry, _failed(entry.task.id, codec.failure_of(exc)))
             return
         fn = imports.found(entry.task)
         if fn is not None:
@@ -271,8 +272,8 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
     async def _find_and_launch(self, entry: _Entry) -> None:
         try:
             fn = await in_daemon_thread(imports.find, entry.task, entry.code)
-        except tasks.BadTask as exc:
-            self._answer(entry, _failed(entry.task.id, tasks.failure_of(exc)))
+        except codec.BadTask as exc:
+            self._answer(entry, _failed(entry.task.id, codec.failure_of(exc)))
             return
         if not entry.answered:
             self._launch(entry, fn)
@@ -280,7 +281,7 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
     def _launch(self, entry: _Entry, fn: Callable[..., Any]) -> None:
         task = entry.task
         if task.chunk:
-            fn = functools.partial(tasks.run_chunk, fn)
+            fn = functools.partial(codec.run_chunk, fn)
         entry.fn, entry.code = fn, b""
         if task.timeout_s > 0:
             entry.timer = self._loop.call_later(task.timeout_s, self._time_out, entry)
@@ -288,7 +289,7 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
             assert entry.stream.group is not None
             entry.job = entry.stream.group.create_task(self._run_coroutine(entry, fn))
         elif self.free_threads == 0:  # every thread is stuck: let another worker
-            self._answer(entry, _failed(task.id, tasks.rejected(_ALL_STUCK)))
+            self._answer(entry, _failed(task.id, codec.rejected(_ALL_STUCK)))
         else:
             entry.plain = True
             self._plain.put(entry)
@@ -298,18 +299,18 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
         try:
             if len(task.args) > OFFLOAD_ARGS_BYTES:
                 call = await in_daemon_thread(
-                    tasks.load_call, task.args, self._max_args_bytes
+                    codec.load_call, task.args, self._max_args_bytes
                 )
             else:
-                call = tasks.load_call(task.args, self._max_args_bytes)
+                call = codec.load_call(task.args, self._max_args_bytes)
             value = await fn(*call[0], **call[1])
-            result = Result(id=task.id, value=tasks.dump_value(value))
+            result = Result(id=task.id, value=codec.dump_value(value))
         except asyncio.CancelledError:
             raise  # cancelled by the caller, a timeout or a hang-up: answered there
-        except tasks.BadTask as exc:
-            result = _failed(task.id, tasks.failure_of(exc, remote=False))
+        except codec.BadTask as exc:
+            result = _failed(task.id, codec.failure_of(exc, remote=False))
         except BaseException as exc:  # a task's SystemExit must not end the worker
-            result = _failed(task.id, tasks.failure_of(exc))
+            result = _failed(task.id, codec.failure_of(exc))
         self._answer(entry, result)
 
     def _slot(self) -> None:
@@ -360,20 +361,20 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
     def _cancel(self, entry: _Entry) -> None:
         if entry.job is not None:
             entry.job.cancel()
-        self._answer(entry, _failed(entry.task.id, tasks.cancelled()))
+        self._answer(entry, _failed(entry.task.id, codec.cancelled()))
 
     def _time_out(self, entry: _Entry) -> None:
         if entry.job is not None:
             entry.job.cancel()
-        timeout = tasks.TaskTimeout(entry.task.timeout_s)
-        self._answer(entry, _failed(entry.task.id, tasks.failure_of(timeout)))
+        timeout = codec.TaskTimeout(entry.task.timeout_s)
+        self._answer(entry, _failed(entry.task.id, codec.failure_of(timeout)))
 
     def _hand_back(self) -> None:
         """Every thread is stuck: plain tasks waiting for one go elsewhere."""
         for stream in self._streams:
             for entry in list(stream.entries.values()):
                 if entry.plain and not entry.running:
-                    failure = tasks.rejected(_ALL_STUCK)
+                    failure = codec.rejected(_ALL_STUCK)
                     self._answer(entry, _failed(entry.task.id, failure))
 
     def _answer(self, entry: _Entry, result: Result | None) -> None:
@@ -416,15 +417,15 @@ def _run_plain(entry: _Entry, max_args_bytes: int) -> Result:
     try:
         assert fn is not None, "launched before its callable was found"
         try:
-            args, kwargs = tasks.load_call(task.args, max_args_bytes)
-        except tasks.BadTask as exc:
-            return _failed(task.id, tasks.failure_of(exc, remote=False))
+            args, kwargs = codec.load_call(task.args, max_args_bytes)
+        except codec.BadTask as exc:
+            return _failed(task.id, codec.failure_of(exc, remote=False))
         try:
-            return Result(id=task.id, value=tasks.dump_value(fn(*args, **kwargs)))
+            return Result(id=task.id, value=codec.dump_value(fn(*args, **kwargs)))
         except BaseException as exc:  # a task's SystemExit must not end the worker
-            return _failed(task.id, tasks.failure_of(exc))
+            return _failed(task.id, codec.failure_of(exc))
     except BaseException as exc:  # failure_of never raises; this is a last guard
-        return _failed(task.id, tasks.internal_failure(exc))
+        return _failed(task.id, codec.internal_failure(exc))
 
 
 def _failed(task_id: int, failure: Failure) -> Result:

@@ -18,7 +18,7 @@ from pool.dispatcher_pb2 import Submission, SubmissionBatch
 from tests import sample_tasks
 from tests.pools import running_pool
 from tests.rpc import SQUARE, call, dispatcher_stub, run, status, worker_stub
-from workers.worker_pb2 import Result, Task, TaskBatch
+from workers.protocol.worker_pb2 import Result, Task, TaskBatch
 
 pytestmark = pytest.mark.integration
 

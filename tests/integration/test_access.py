@@ -19,16 +19,16 @@ import pytest
 
 from discovery import Publisher, list_workers, paths
 from pool import Client
+from pool.client.rendezvous import locate
 from pool.dispatcher_pb2 import ListWorkersRequest
 from pool.dispatcher_pb2_grpc import DispatcherStub
-from pool.rendezvous import locate
 from tests import sample_tasks
 from tests.pools import running_pool
 from tests.streams import make_info
-from workers import auth
-from workers.lifecycle import is_loopback
-from workers.worker_pb2 import TaskBatch
-from workers.worker_pb2_grpc import WorkerStub
+from workers.protocol import auth
+from workers.protocol.worker_pb2 import TaskBatch
+from workers.protocol.worker_pb2_grpc import WorkerStub
+from workers.serving import is_loopback
 
 pytestmark = pytest.mark.integration
 

@@ -190,7 +190,7 @@ def test_map_timeout_counts_from_the_call(executor: Client, gate: Gate) -> None:
     wait an hour of fake time)."""
     clock = [1000.0]
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr("pool.client.time.monotonic", lambda: clock[0])
+        patch.setattr("pool.client.executor.time.monotonic", lambda: clock[0])
         # (One call per task: map's probe for a chunk size waits on this clock.)
         results = executor.map(
             sample_tasks.gated, [str(gate.path)], [0], timeout=3600, chunksize=1

@@ -28,7 +28,7 @@ from tests.rpc import (
     value,
     worker_stub,
 )
-from workers.worker_pb2 import Task, TaskBatch
+from workers.protocol.worker_pb2 import Task, TaskBatch
 
 pytestmark = pytest.mark.integration
 

@@ -15,15 +15,15 @@ from pool import (
     ProtocolMismatch,
     RemoteTraceback,
 )
+from pool.client.rendezvous import locate
 from pool.dispatcher_pb2 import ListWorkersRequest, SubmissionBatch
 from pool.dispatcher_pb2_grpc import DispatcherStub
-from pool.rendezvous import locate
 from tests import sample_tasks
 from tests.helpers import wait_until
 from tests.pools import pool_command, processes_mentioning, running_pool, watching
-from workers import auth
-from workers.worker_pb2 import Task, TaskBatch
-from workers.worker_pb2_grpc import WorkerStub
+from workers.protocol import auth
+from workers.protocol.worker_pb2 import Task, TaskBatch
+from workers.protocol.worker_pb2_grpc import WorkerStub
 
 pytestmark = pytest.mark.integration
 

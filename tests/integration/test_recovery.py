@@ -15,7 +15,7 @@ import pytest
 
 from discovery import list_workers, paths
 from pool import Client, Pool, WorkerLost
-from pool import zygote as zygote_module
+from pool.supervisor import zygote as zygote_module
 from tests import sample_tasks
 from tests.helpers import ROOT, children_of, wait_until
 from tests.pools import RunningPool, processes_mentioning, running_pool

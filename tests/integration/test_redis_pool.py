@@ -19,14 +19,14 @@ import pytest
 import redis
 
 from discovery import list_workers, paths
-from discovery.remote import registered
+from discovery.redis.backend import registered
 from pool import Client
-from pool.rendezvous import locate
+from pool.client.rendezvous import locate
 from tests import sample_tasks
 from tests.helpers import ROOT, LineReader, python_module, wait_until
 from tests.pools import pool_command, processes_mentioning, running_pool
 from tests.redis_server import RedisServer
-from workers import auth
+from workers.protocol import auth
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(90)]
 

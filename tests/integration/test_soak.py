@@ -18,7 +18,8 @@ from pathlib import Path
 import pytest
 
 from discovery import list_workers, paths
-from pool import Client, zygote
+from pool import Client
+from pool.supervisor import zygote
 from tests import sample_tasks
 from tests.helpers import Agent, agent, wait_until
 from tests.pools import RunningPool, processes_mentioning

@@ -18,8 +18,8 @@ from pool import Client, Pool, TaskTimeout
 from tests import sample_tasks
 from tests.helpers import wait_until
 from tests.rpc import call, worker_stub
-from workers import auth
-from workers.worker_pb2 import Task, TaskBatch
+from workers.protocol import auth
+from workers.protocol.worker_pb2 import Task, TaskBatch
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(90)]
 

@@ -8,7 +8,7 @@ import uuid
 import pytest
 
 from discovery import WorkerInfo, paths
-from pool.dispatcher import refusal
+from pool.dispatcher.server import refusal
 
 
 def _worker(address: str, **extra: str) -> WorkerInfo:

@@ -5,9 +5,14 @@ from __future__ import annotations
 
 import pytest
 
-from pool.client import CHUNK_TARGET_S, MAX_CHUNK_BYTES, MIN_CHUNKS, auto_chunksize
+from pool.client.executor import (
+    CHUNK_TARGET_S,
+    MAX_CHUNK_BYTES,
+    MIN_CHUNKS,
+    auto_chunksize,
+)
 from tests import sample_tasks
-from workers import tasks
+from workers.protocol import codec
 
 
 def test_a_chunk_grows_while_calls_are_short() -> None:
@@ -32,10 +37,10 @@ def test_there_are_always_enough_chunks_to_share() -> None:
 
 
 def test_a_chunk_keeps_each_calls_value_and_exception() -> None:
-    chunk = tasks.run_chunk(sample_tasks.fail_on, [(2, 1), (2, 2), (2, 3)])
+    chunk = codec.run_chunk(sample_tasks.fail_on, [(2, 1), (2, 2), (2, 3)])
     assert chunk.values == [1, None, 3] and list(chunk.failures) == [1]
-    items = tasks.chunk_items(chunk)
+    items = codec.chunk_items(chunk)
     assert next(items) == 1
     with pytest.raises(ValueError, match="2 is bad") as raised:
         next(items)
-    assert isinstance(raised.value.__cause__, tasks.RemoteTraceback)
+    assert isinstance(raised.value.__cause__, codec.RemoteTraceback)

@@ -10,11 +10,11 @@ import threading
 import pytest
 
 from pool import PoolNotRunning, RemoteTraceback
-from pool.client import FutureHandler, Submissions
-from pool.connection import MAX_BATCH_TASKS, Ledger
+from pool.client.connection import MAX_BATCH_TASKS, Ledger
+from pool.client.executor import FutureHandler, Submissions
 from tests import sample_tasks
-from workers import tasks
-from workers.worker_pb2 import Result, ResultBatch
+from workers.protocol import codec
+from workers.protocol.worker_pb2 import Result, ResultBatch
 
 pytestmark = pytest.mark.timeout(10)
 Future = concurrent.futures.Future
@@ -111,7 +111,7 @@ def test_an_exception_carries_its_remote_traceback() -> None:
     try:
         raise ValueError("boom")
     except ValueError as exc:
-        failure = tasks.failure_of(exc)
+        failure = codec.failure_of(exc)
     sent.ledger.on_batch(ResultBatch(results=[Result(id=task_id, failure=failure)]))
     with pytest.raises(ValueError, match=r"^boom$") as raised:
         future.result(0)

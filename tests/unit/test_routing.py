@@ -15,9 +15,9 @@ import pytest
 
 from discovery import DiscoveryEvent, WorkerInfo
 from pool import NoWorkerAvailable, PoolStopping, WorkerLost
-from pool.routing import MAX_UNTAKEN_LOSSES, Job, Router
-from workers import tasks
-from workers.worker_pb2 import Result, Task
+from pool.dispatcher.routing import MAX_UNTAKEN_LOSSES, Job, Router
+from workers.protocol import codec
+from workers.protocol.worker_pb2 import Result, Task
 
 pytestmark = pytest.mark.timeout(10)
 
@@ -85,7 +85,7 @@ class FakeLink:
         self.router.on_result(self, Result(id=job.task.id, value=pickle.dumps(value)))
 
     def refuse(self, job: Job) -> None:
-        self.router.on_result(self, Result(id=job.task.id, failure=tasks.rejected()))
+        self.router.on_result(self, Result(id=job.task.id, failure=codec.rejected()))
 
 
 class Owner:
@@ -110,7 +110,7 @@ class Owner:
     def error(self, client_id: int) -> BaseException:
         result = self.results[client_id]
         assert result.HasField("failure"), result
-        return tasks.exception_of(result.failure)
+        return codec.exception_of(result.failure)
 
 
 class World:
@@ -286,7 +286,7 @@ async def test_cancel_reaches_the_queue_the_link_or_the_worker() -> None:
         for job in (queued, unwritten, written):
             w.router.cancel(job)
         for job in (queued, unwritten):
-            status = tasks.status_of(w.owner.results[job.client_id].failure)
+            status = codec.status_of(w.owner.results[job.client_id].failure)
             assert status == grpc.StatusCode.CANCELLED
         assert a.cancels == [written.task.id]
         assert written.client_id not in w.owner.results

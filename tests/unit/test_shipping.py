@@ -1,4 +1,4 @@
-"""How a callable travels (workers.shipping, workers.imports), in-process:
+"""How a callable travels (workers.protocol.shipping, workers.imports), in-process:
 by name when a worker can import it, else by value, once per stream."""
 
 from __future__ import annotations
@@ -10,11 +10,12 @@ from typing import Any
 
 import pytest
 
-from pool.client import Submissions
-from pool.connection import Ledger
+from pool.client.connection import Ledger
+from pool.client.executor import Submissions
 from tests import sample_tasks
-from workers import imports, shipping, tasks
-from workers.worker_pb2 import Task
+from workers import imports
+from workers.protocol import codec, shipping
+from workers.protocol.worker_pb2 import Task
 
 pytestmark = pytest.mark.timeout(10)
 
@@ -114,7 +115,7 @@ def test_a_shipped_function_needing_a_missing_module_says_where_workers_look() -
         b"tests.sample_tasks", b"tests.sample_taskz"
     )
     task = Task(digest=hashlib.sha256(code).digest())
-    with pytest.raises(tasks.FunctionNotFound) as raised:
+    with pytest.raises(codec.FunctionNotFound) as raised:
         imports.find(task, code)
     message = str(raised.value)
     assert "'tests.sample_taskz'" in message and "sys.path[0]=" in message

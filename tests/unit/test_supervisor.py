@@ -1,6 +1,6 @@
 """The supervisor's restart policy."""
 
-from pool.supervisor import restart_delay
+from pool.supervisor.orchestration import restart_delay
 
 
 def test_restart_back_off_doubles_to_a_cap() -> None:

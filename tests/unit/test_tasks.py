@@ -1,4 +1,4 @@
-"""How a task is named, encoded and answered (workers.tasks), in-process."""
+"""How a task is named, encoded and answered (workers.protocol.codec), in-process."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pytest
 
 from pool import TaskTimeout
 from tests import sample_tasks
-from workers import tasks
+from workers.protocol import codec
 
 pytestmark = pytest.mark.timeout(10)
 
@@ -17,14 +17,14 @@ pytestmark = pytest.mark.timeout(10)
 def test_calls_round_trip_and_bad_ones_are_refused() -> None:
     """Arguments survive the wire; too large, undecodable or misshapen ones
     are a BadTask of the right kind."""
-    data = tasks.dump_call((1, "a"), {"k": [2]})
-    assert tasks.load_call(data) == ((1, "a"), {"k": [2]})
-    with pytest.raises(tasks.ArgumentsTooLarge, match="over the worker's limit of 4"):
-        tasks.load_call(data, max_bytes=4)
-    with pytest.raises(tasks.BadTask, match="do not unpickle"):
-        tasks.load_call(b"\x80\x05junk")
-    with pytest.raises(tasks.BadTask, match=r"pickled \(tuple, dict\) pair"):
-        tasks.load_call(pickle.dumps([1, 2]))
+    data = codec.dump_call((1, "a"), {"k": [2]})
+    assert codec.load_call(data) == ((1, "a"), {"k": [2]})
+    with pytest.raises(codec.ArgumentsTooLarge, match="over the worker's limit of 4"):
+        codec.load_call(data, max_bytes=4)
+    with pytest.raises(codec.BadTask, match="do not unpickle"):
+        codec.load_call(b"\x80\x05junk")
+    with pytest.raises(codec.BadTask, match=r"pickled \(tuple, dict\) pair"):
+        codec.load_call(pickle.dumps([1, 2]))
 
 
 def test_an_exception_that_cannot_be_printed_still_makes_a_failure() -> None:
@@ -36,11 +36,11 @@ def test_an_exception_that_cannot_be_printed_still_makes_a_failure() -> None:
     try:
         sample_tasks.raise_bad_str()
     except sample_tasks.BadStr as exc:
-        failure = tasks.failure_of(exc)
+        failure = codec.failure_of(exc)
     assert failure.message == "<BadStr: str() failed>"
     assert failure.type == "tests.sample_tasks.BadStr"
-    assert tasks.status_of(failure) == grpc.StatusCode.UNKNOWN
-    rebuilt = tasks.exception_of(failure)
+    assert codec.status_of(failure) == grpc.StatusCode.UNKNOWN
+    rebuilt = codec.exception_of(failure)
     assert isinstance(rebuilt, sample_tasks.BadStr) and rebuilt.args == ("hidden",)
     assert "raise_bad_str" in str(rebuilt.__cause__)
 
@@ -48,8 +48,8 @@ def test_an_exception_that_cannot_be_printed_still_makes_a_failure() -> None:
 def test_a_timeout_is_a_typed_deadline() -> None:
     """A task over its limit fails with TaskTimeout (a TimeoutError) whose
     status is DEADLINE_EXCEEDED, and it rebuilds as itself in the caller."""
-    failure = tasks.failure_of(TaskTimeout(0.5), remote=False)
-    assert tasks.status_of(failure) == grpc.StatusCode.DEADLINE_EXCEEDED
-    rebuilt = tasks.exception_of(failure)
+    failure = codec.failure_of(TaskTimeout(0.5), remote=False)
+    assert codec.status_of(failure) == grpc.StatusCode.DEADLINE_EXCEEDED
+    rebuilt = codec.exception_of(failure)
     assert isinstance(rebuilt, TaskTimeout) and isinstance(rebuilt, TimeoutError)
     assert str(rebuilt) == "the task ran over its 0.5 s"

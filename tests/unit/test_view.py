@@ -1,4 +1,4 @@
-"""`pool up`'s live view, rendered at 80 columns (pool.view)."""
+"""`pool up`'s live view, rendered at 80 columns (pool.supervisor.view)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pytest
 from rich.console import Console
 
 from discovery import DiscoveryEvent, WorkerInfo
-from pool.view import LiveView, Rate, shorten_left
+from pool.supervisor.view import LiveView, Rate, shorten_left
 
 pytestmark = pytest.mark.timeout(10)
 

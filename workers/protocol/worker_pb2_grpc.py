@@ -3,7 +3,7 @@
 import grpc
 import warnings
 
-from workers import worker_pb2 as workers_dot_worker__pb2
+from workers.protocol import worker_pb2 as workers_dot_protocol_dot_worker__pb2
 
 GRPC_GENERATED_VERSION = '1.85.1'
 GRPC_VERSION = grpc.__version__
@@ -18,7 +18,7 @@ except ImportError:
 if _version_not_supported:
     raise RuntimeError(
         f'The grpc package installed is at version {GRPC_VERSION},'
-        + ' but the generated code in workers/worker_pb2_grpc.py depends on'
+        + ' but the generated code in workers/protocol/worker_pb2_grpc.py depends on'
         + f' grpcio>={GRPC_GENERATED_VERSION}.'
         + f' Please upgrade your grpc module to grpcio>={GRPC_GENERATED_VERSION}'
         + f' or downgrade your generated code using grpcio-tools<={GRPC_VERSION}.'
@@ -36,8 +36,8 @@ class WorkerStub:
         """
         self.Run = channel.stream_stream(
                 '/shmpool.worker.v1.Worker/Run',
-                request_serializer=workers_dot_worker__pb2.TaskBatch.SerializeToString,
-                response_deserializer=workers_dot_worker__pb2.ResultBatch.FromString,
+                request_serializer=workers_dot_protocol_dot_worker__pb2.TaskBatch.SerializeToString,
+                response_deserializer=workers_dot_protocol_dot_worker__pb2.ResultBatch.FromString,
                 _registered_method=True)
 
 
@@ -56,8 +56,8 @@ def add_WorkerServicer_to_server(servicer, server):
     rpc_method_handlers = {
             'Run': grpc.stream_stream_rpc_method_handler(
                     servicer.Run,
-                    request_deserializer=workers_dot_worker__pb2.TaskBatch.FromString,
-                    response_serializer=workers_dot_worker__pb2.ResultBatch.SerializeToString,
+                    request_deserializer=workers_dot_protocol_dot_worker__pb2.TaskBatch.FromString,
+                    response_serializer=workers_dot_protocol_dot_worker__pb2.ResultBatch.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -85,8 +85,8 @@ class Worker:
             request_iterator,
             target,
             '/shmpool.worker.v1.Worker/Run',
-            workers_dot_worker__pb2.TaskBatch.SerializeToString,
-            workers_dot_worker__pb2.ResultBatch.FromString,
+            workers_dot_protocol_dot_worker__pb2.TaskBatch.SerializeToString,
+            workers_dot_protocol_dot_worker__pb2.ResultBatch.FromString,
             options,
             channel_credentials,
             insecure,

@@ -3,7 +3,7 @@
 The supervisor runs on its own uvloop loop on a daemon thread (so no
 signal handlers: this process's own Ctrl-C ends it through ``__exit__``);
 its children are separate processes as ever, and exit by themselves if
-this process dies. ``__enter__`` returns a :class:`~pool.client.Client`.
+this process dies. ``__enter__`` returns a :class:`~pool.client.executor.Client`.
 
 A pool still open when the interpreter exits is stopped then, after its
 client's pending futures are done (as ``ProcessPoolExecutor`` does). If
@@ -24,11 +24,11 @@ from typing import Final
 
 import uvloop
 
-from pool.client import Client
+from pool.client.executor import Client
+from pool.dispatcher.routing import MAX_QUEUED
 from pool.errors import PoolError
-from pool.routing import MAX_QUEUED
-from pool.supervisor import Options, Supervisor
-from pool.view import PlainView
+from pool.supervisor.orchestration import Options, Supervisor
+from pool.supervisor.view import PlainView
 
 START_TIMEOUT_S: Final = 60.0
 

@@ -5,7 +5,7 @@
 behaviour. It runs a uvloop loop on a thread of its own (a
 :class:`_LoopThread`, which holds no reference to the client, so that an
 unreferenced client is finalized like the standard executors), and that
-loop runs the client's :class:`~pool.connection.Connection`. A future is
+loop runs the client's :class:`~pool.client.connection.Connection`. A future is
 PENDING, and cancellable, until a worker has taken its task; then RUNNING.
 A cancel reaches the dispatcher's queue. ``shutdown(wait=False)`` lets
 pending futures finish; at interpreter exit, every client's pending
@@ -35,13 +35,13 @@ from typing import Any, Final, Self
 
 import uvloop
 
-from discovery import paths, registries
-from pool.connection import Connection
+from discovery import backends, paths
+from pool.client.connection import Connection
+from pool.client.rendezvous import Locator
 from pool.dispatcher_pb2 import Submission
 from pool.errors import PoolError
-from pool.rendezvous import Locator
-from workers import shipping, tasks
-from workers.worker_pb2 import Result, Task
+from workers.protocol import codec, shipping
+from workers.protocol.worker_pb2 import Result, Task
 
 __all__ = ["AsyncClient", "Client", "outcome"]
 
@@ -62,7 +62,7 @@ MIN_CHUNKS: Final = 64
 # each carrying about this many bytes of arguments at most.
 MAX_CHUNK_BYTES: Final = 1 << 20
 
-log = logging.getLogger("pool.client")
+log = logging.getLogger("pool.client.executor")
 
 # Like concurrent.futures.thread: once the interpreter starts to exit, every
 # client's pending futures are waited for and no new one is accepted.
@@ -88,13 +88,13 @@ threading._register_atexit(_python_exit)  # type: ignore[attr-defined]
 def outcome(result: Result) -> Any:
     """The value a result carries, or raise the exception it carries."""
     if result.HasField("failure"):
-        raise tasks.exception_of(result.failure)
+        raise codec.exception_of(result.failure)
     return pickle.loads(result.value)
 
 
 class Submissions:
     """What both clients put on a task: a fresh id, the callable (by name,
-    or by value: see :mod:`workers.shipping`), the pickled call, and the
+    or by value: see :mod:`workers.protocol.shipping`), the pickled call, and the
     client's tags and time limit.
 
     :param ship_modules: modules whose functions and classes travel by value
@@ -138,7 +138,7 @@ class Submissions:
             id=next(self._ids),
             function=ref.name,
             digest=ref.digest,
-            args=tasks.dump_call(args, dict(kwargs), by_value=ref.by_value),
+            args=codec.dump_call(args, dict(kwargs), by_value=ref.by_value),
             timeout_s=self.timeout_s,
             chunk=chunk,
         )
@@ -343,7 +343,7 @@ class Client(concurrent.futures.Executor):
         tls_ca: str | None = None,
     ) -> None:
         self.namespace = paths.validate_namespace(namespace)
-        url = registries.check_url(discovery_url)
+        url = backends.check_url(discovery_url)
         locator = Locator(namespace, url, token_file, tls_ca)
         self._submissions = Submissions(tags, task_timeout_s, ship_modules)
         self._shutdown_lock = threading.Lock()
@@ -504,7 +504,7 @@ def _time_per_call(futures: list[concurrent.futures.Future[Any]]) -> float | Non
         )
         for future in done:
             if future.exception() is None:
-                chunk: tasks.ChunkResult = future.result()
+                chunk: codec.ChunkResult = future.result()
                 return chunk.elapsed_s / max(1, len(chunk.values))
         if done:
             return None  # the probe failed: so will the rest, one by one
@@ -548,9 +548,9 @@ def _result_or_cancel(
         future.cancel()  # a no-op once done: a timeout or an interrupt cancels it
 
 
-def _flatten(chunks: Iterator[tasks.ChunkResult]) -> Iterator[Any]:
+def _flatten(chunks: Iterator[codec.ChunkResult]) -> Iterator[Any]:
     for chunk in chunks:
-        yield from tasks.chunk_items(chunk)
+        yield from codec.chunk_items(chunk)
 
 
 class AsyncClient:
@@ -578,7 +578,7 @@ class AsyncClient:
         tls_ca: str | None = None,
     ) -> None:
         self.namespace = paths.validate_namespace(namespace)
-        url = registries.check_url(discovery_url)
+        url = backends.check_url(discovery_url)
         self._locator = Locator(namespace, url, token_file, tls_ca)
         self._submissions = Submissions(tags, task_timeout_s, ship_modules)
         self._connection: Connection | None = None
@@ -683,7 +683,7 @@ class AsyncClient:
                 if not chunked:
                     yield value
                 else:
-                    for item in tasks.chunk_items(value):
+                    for item in codec.chunk_items(value):
                         yield item
         finally:
             for task_id, answer in sent:
@@ -701,7 +701,7 @@ async def _time_per_call_async(answers: list[asyncio.Future[Result]]) -> float |
     )
     for answer in done:
         with contextlib.suppress(Exception):
-            chunk: tasks.ChunkResult = outcome(answer.result())
+            chunk: codec.ChunkResult = outcome(answer.result())
             return chunk.elapsed_s / max(1, len(chunk.values))
     return None
 

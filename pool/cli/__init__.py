@@ -30,26 +30,26 @@ from discovery import (
     DiscoveryError,
     DiscoveryEvent,
     Subscriber,
+    backends,
     list_workers,
     namespaces,
     owner_pid,
     paths,
-    registries,
     sweep_dead,
 )
 from discovery.errors import InvalidNamespace
-from pool.client import Client
+from pool.client.executor import Client
+from pool.client.rendezvous import Locator, locate
+from pool.dispatcher.routing import MAX_QUEUED
 from pool.dispatcher_pb2 import ListWorkersRequest
 from pool.dispatcher_pb2_grpc import DispatcherStub
 from pool.errors import PoolError, PoolNotRunning
-from pool.rendezvous import Locator, locate
-from pool.routing import MAX_QUEUED
-from pool.supervisor import Options, Supervisor
-from pool.view import LiveView, PlainView, View, describe, line
-from pool.zygote import sweep_temp_dirs
-from workers import auth
-from workers.lifecycle import LOOPBACK, MAX_ARGS_LIMIT, CannotListen, check_host
-from workers.tasks import MAX_ARGS_BYTES, BadTask, TaskError
+from pool.supervisor.orchestration import Options, Supervisor
+from pool.supervisor.view import LiveView, PlainView, View, describe, line
+from pool.supervisor.zygote import sweep_temp_dirs
+from workers.protocol import auth
+from workers.protocol.codec import MAX_ARGS_BYTES, BadTask, TaskError
+from workers.serving import LOOPBACK, MAX_ARGS_LIMIT, CannotListen, check_host
 
 DOWN_TIMEOUT_S = 60.0
 TICK_S = 1.0  # how often `up` asks the dispatcher for its queue length
@@ -469,7 +469,7 @@ def cmd_up(args: argparse.Namespace) -> int:
         )
     except ValueError as exc:
         raise UsageError(f"{exc} (see --help)") from None
-    registries.check_reachable(options.discovery_url)  # (before any process)
+    backends.check_reachable(options.discovery_url)  # (before any process)
     view: View
     if sys.stdout.isatty():
         view = LiveView(args.namespace, paths=options.paths)
@@ -608,7 +608,7 @@ def _literal(text: str) -> Any:
 
 def _url(args: argparse.Namespace) -> str | None:
     try:
-        return registries.check_url(args.discovery)
+        return backends.check_url(args.discovery)
     except ValueError as exc:
         raise UsageError(str(exc)) from None
 
@@ -620,9 +620,9 @@ def cmd_workers(args: argparse.Namespace) -> int:
             raise PoolNotRunning(args.namespace)
         infos = list_workers(args.namespace)
     else:
-        from discovery.remote import registered
+        from discovery.redis.backend import registered
 
-        registries.check_reachable(locator.discovery_url)
+        backends.check_reachable(locator.discovery_url)
         infos = registered(locator.discovery_url, args.namespace)
     infos = sorted(infos, key=lambda info: (info.pid, info.address))
     routing = _dispatcher_view(locator)
@@ -687,7 +687,7 @@ def cmd_watch(args: argparse.Namespace) -> int:
     url = _url(args)
     events: AsyncIterable[DiscoveryEvent] = Subscriber(args.namespace)
     if url is not None:
-        from discovery.remote import RedisSubscriber
+        from discovery.redis.backend import RedisSubscriber
 
         events = RedisSubscriber(url, args.namespace)
 

@@ -1,8 +1,8 @@
-"""The dispatcher process: ``python -m pool.dispatcher --namespace NS``.
+"""The dispatcher process: ``python -m pool.dispatcher.server --namespace NS``.
 
 A grpc.aio server on uvloop (a unix socket in the namespace's private
 directory, or ``HOST:0``) serving the Dispatcher service to clients. It
-follows the namespace's discovery events into a :class:`~pool.routing.Router`
+follows the namespace's discovery events into a :class:`~pool.dispatcher.routing.Router`
 and answers each client stream (a :class:`ClientStream`) with batches of
 results, and of the ids of tasks a worker has taken, as they come. It
 writes one ``READY {json}`` line (to ``--ready-fd``) once it serves.
@@ -38,8 +38,10 @@ import grpc
 import uvloop
 from grpc import aio
 
-from discovery import WorkerInfo, paths, registries
+from discovery import WorkerInfo, backends, paths
 from pool import dispatcher_pb2_grpc
+from pool.dispatcher.links import WorkerLink
+from pool.dispatcher.routing import MAX_QUEUED, NO_WORKER_TIMEOUT_S, Job, Router
 from pool.dispatcher_pb2 import (
     ListWorkersReply,
     ListWorkersRequest,
@@ -47,14 +49,13 @@ from pool.dispatcher_pb2 import (
     SubmissionBatch,
     WorkerState,
 )
-from pool.links import WorkerLink
-from pool.routing import MAX_QUEUED, NO_WORKER_TIMEOUT_S, Job, Router
-from workers import auth, lifecycle, shipping, tasks
-from workers.lifecycle import TLS_KEY
-from workers.outbox import Outbox
-from workers.worker_pb2 import Result, ResultBatch
+from workers import serving
+from workers.protocol import auth, codec, shipping
+from workers.protocol.outbox import Outbox
+from workers.protocol.worker_pb2 import Result, ResultBatch
+from workers.serving import TLS_KEY
 
-log = logging.getLogger("pool.dispatcher")
+log = logging.getLogger("pool.dispatcher.server")
 
 SOCKET_NAME: Final = "dispatcher.sock"
 # A client stream with this many tasks in the dispatcher is not read until
@@ -112,20 +113,20 @@ class ClientStream:
         """The job of a submission, or None if it was answered at once."""
         task = submission.task
         code = b""
-        if task.digest:  # first, whatever becomes of it: see workers.shipping
+        if task.digest:  # first, whatever becomes of it: see workers.protocol.shipping
             try:
                 code = self._shipped.incoming(task.digest, task.code)
             except shipping.ShippingError as exc:
-                self._refuse(task.id, tasks.BadTask(str(exc)))
+                self._refuse(task.id, codec.BadTask(str(exc)))
                 return None
             task.ClearField("code")  # the job keeps the one copy
         if task.id in self.jobs:
-            self.outbox.put(Result(id=task.id, failure=tasks.id_reused(task.id)))
+            self.outbox.put(Result(id=task.id, failure=codec.id_reused(task.id)))
             return None
         return Job(task, frozenset(submission.tags), self, task.id, code)
 
     def _refuse(self, task_id: int, error: Exception) -> None:
-        failure = tasks.failure_of(error, remote=False)
+        failure = codec.failure_of(error, remote=False)
         self.outbox.put(Result(id=task_id, failure=failure))
 
     async def _wait_for_room(self) -> None:
@@ -220,7 +221,7 @@ async def serve(
     at ``discovery_url`` (``redis://...``). With ``tls`` (certificate and
     key files), the TCP port of ``host`` serves TLS, for clients of other
     machines, and this machine's clients use the unix socket."""
-    stopper = lifecycle.Stopper(parent_fd)
+    stopper = serving.Stopper(parent_fd)
     try:
         token = auth.read_token(namespace)
         router = Router(
@@ -228,13 +229,13 @@ async def serve(
             WorkerLink.connector(
                 token, grpc.ssl_channel_credentials(tls_ca) if tls_ca else None
             ),
-            is_alive=registries.liveness_for(discovery_url),
+            is_alive=backends.liveness_for(discovery_url),
             no_worker_timeout_s=no_worker_timeout_s,
             max_queued=max_queued,
         )
         server = aio.server(
             interceptors=[auth.CallInterceptor(token)],
-            options=lifecycle.GRPC_OPTIONS,
+            options=serving.GRPC_OPTIONS,
         )
         service = DispatcherService(router, min(MAX_STREAM_TASKS, max_queued))
         dispatcher_pb2_grpc.add_DispatcherServicer_to_server(service, server)  # type: ignore[no-untyped-call]
@@ -242,17 +243,17 @@ async def serve(
         def socket() -> Path:
             return paths.namespace_dir(namespace) / SOCKET_NAME
 
-        address, socket_path = lifecycle.bind(
+        address, socket_path = serving.bind(
             server,
             host,
             socket,
             port=port,
             advertise=advertise,
-            credentials=lifecycle.server_credentials(*tls) if tls else None,
+            credentials=serving.server_credentials(*tls) if tls else None,
         )
         ready: dict[str, object] = {"address": address}
         if tls:  # this machine's clients keep the private socket, in plain text
-            local, socket_path = lifecycle.bind(server, None, socket)
+            local, socket_path = serving.bind(server, None, socket)
             ready = {"address": local, "remote": address, "tls": True}
         await server.start()
         try:
@@ -263,7 +264,7 @@ async def serve(
                 obeying = None
                 if control_fd is not None:
                     obeying = group.create_task(_obey(control_fd, router, stopper))
-                lifecycle.announce_ready(ready_fd, **ready)
+                serving.announce_ready(ready_fd, **ready)
                 await stopper.wait()
                 following.cancel()
                 await router.finish(LINGER_S)  # every result in, or failed
@@ -287,7 +288,7 @@ async def _follow(
     """Pass the registry's events to the router, but none of a worker that
     is not to be sent tasks (and the token): see :func:`refusal`."""
     refused: set[UUID] = set()
-    async for event in registries.subscriber_for(namespace, url):
+    async for event in backends.subscriber_for(namespace, url):
         info = event.worker_info
         if info.uid in refused:
             if event.type == "worker-dropped":
@@ -318,7 +319,7 @@ def refusal(info: WorkerInfo, namespace: str, require_tls: bool) -> str | None:
     return None
 
 
-async def _obey(fd: int, router: Router, stopper: lifecycle.Stopper) -> None:
+async def _obey(fd: int, router: Router, stopper: serving.Stopper) -> None:
     """Follow the supervisor's control lines; their end means it is gone."""
     loop = asyncio.get_running_loop()
     reader = asyncio.StreamReader()
@@ -350,17 +351,17 @@ def _read(path: str) -> bytes:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m pool.dispatcher",
+        prog="python -m pool.dispatcher.server",
         description="Run a pool's dispatcher (started by `python -m pool up`).",
     )
     parser.add_argument("--namespace", default="default")
     parser.add_argument(
         "--host",
         nargs="?",
-        const=lifecycle.LOOPBACK,
-        help=f"listen on TCP HOST:<free port> (default {lifecycle.LOOPBACK})",
+        const=serving.LOOPBACK,
+        help=f"listen on TCP HOST:<free port> (default {serving.LOOPBACK})",
     )
-    lifecycle.add_tcp_arguments(
+    serving.add_tcp_arguments(
         parser,
         who="clients of other machines check it; this machine's use the unix socket",
     )
@@ -400,7 +401,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"(default {MAX_QUEUED})",
     )
     args = parser.parse_args(argv)
-    lifecycle.redirect_output(args.output_fd)
+    serving.redirect_output(args.output_fd)
     logging.basicConfig(level=logging.WARNING, format="dispatcher: %(message)s")
     # watchdog warns when a watched directory's last events race the
     # observer's stop, as they do when the pool's files are removed at exit.
@@ -424,7 +425,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
     except KeyboardInterrupt:
         pass
-    except lifecycle.CannotListen as exc:
+    except serving.CannotListen as exc:
         print(f"dispatcher: error: {exc}", file=sys.stderr)
         return 1
     except Exception:  # a background task died: say why, and be restarted

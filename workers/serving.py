@@ -1,7 +1,7 @@
 """What every pool process does the same way: bind, say READY, wait to stop.
 
 Shared by the worker (:mod:`workers.process`) and the dispatcher
-(:mod:`pool.dispatcher`). A child tells its parent it serves by writing
+(:mod:`pool.dispatcher.server`). A child tells its parent it serves by writing
 one ``READY {json}`` line (anyio's convention) to ``--ready-fd``; it stops on
 SIGTERM, SIGINT or its parent's death, seen at once through a pidfd the
 parent opened on itself and passed down (``--parent-fd``): a descriptor

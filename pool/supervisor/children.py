@@ -1,6 +1,6 @@
 """Starting the supervisor's children, hearing them say READY, and ending them.
 
-Children are usually forked by the zygote (:mod:`pool.zygote`); :func:`spawn`
+Children are usually forked by the zygote (:mod:`pool.supervisor.zygote`); :func:`spawn`
 is the slow way, used while the zygote is down: a fresh interpreter,
 started with :class:`subprocess.Popen`, which on Linux
 execs through ``vfork``: no ``pthread_atfork`` handler runs in between.
@@ -8,7 +8,8 @@ The event loop's own spawn (libuv's ``fork``) runs them, and gRPC registers
 handlers whenever it was imported before ``GRPC_ENABLE_FORK_SUPPORT=0`` was
 set, as in a program that imports grpc before pool; such children crashed
 before they could exec. A child's exit is awaited on a pidfd, so any number
-of coroutines may wait for it. Caller: :mod:`pool.supervisor`, on its loop.
+of coroutines may wait for it. Caller: the supervisor
+(:mod:`pool.supervisor.orchestration`), on its loop.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from collections.abc import Sequence
 from typing import Any, Final, Protocol
 
 from pool.errors import PoolError
-from workers.lifecycle import READY_PREFIX
+from workers.serving import READY_PREFIX
 
 START_TIMEOUT_S: Final = 30.0
 
@@ -34,7 +35,7 @@ class ChildFailed(PoolError):
 
 class Process(Protocol):
     """A child process: started the slow way (:class:`Spawned`) or forked by
-    the zygote (:class:`pool.zygote.Forked`)."""
+    the zygote (:class:`pool.supervisor.zygote.Forked`)."""
 
     pid: int
 

@@ -9,7 +9,7 @@ for what each figure means and how it is taken.
 Without ``--namespace`` it starts a pool inside this process
 (:class:`~pool.Pool`); with one, it uses that running pool, and skips what
 needs a pool of its own (start, replacement and the CPU-bound figure).
-The tasks are in :mod:`pool.bench_tasks`, which a worker imports fast.
+The tasks are in :mod:`pool.bench.tasks`, which a worker imports fast.
 """
 
 from __future__ import annotations
@@ -38,10 +38,10 @@ from rich.progress import Progress
 from rich.table import Table
 
 from discovery import Subscriber, list_workers
-from pool import floor
-from pool.bench_tasks import burn, noop
-from pool.client import Client
-from pool.embedded import Pool
+from pool.bench import floor
+from pool.bench.tasks import burn, noop
+from pool.client.embedded import Pool
+from pool.client.executor import Client
 
 CPU_TASK_S: Final = 0.02
 CPU_TASKS: Final = 64

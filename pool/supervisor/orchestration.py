@@ -6,10 +6,10 @@ replaced), sweeps what other dead pools of this user left, creates the
 token, starts the dispatcher and the workers in their own sessions (so a
 terminal's Ctrl-C reaches only the supervisor), writes the dispatcher's
 address for clients (and, with ``discovery_url``, announces it in Redis for
-clients of other machines: :mod:`pool.rendezvous`), and shows every event
-through a :class:`~pool.view.View`.
+clients of other machines: :mod:`pool.client.rendezvous`), and shows every event
+through a :class:`~pool.supervisor.view.View`.
 
-Children are forked from a :class:`~pool.zygote.Zygote` that the
+Children are forked from a :class:`~pool.supervisor.zygote.Zygote` that the
 supervisor starts first thing (its imports overlap the claim of the
 namespace). While it is down, they start the slow way, as fresh
 interpreters (``python -m workers.process``), and it is restarted.
@@ -49,9 +49,12 @@ from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import Any, Final
 
-from discovery import LocalDiscovery, NamespaceInUse, paths, registries, sweep_dead
-from pool import rendezvous
-from pool.children import (
+from discovery import LocalDiscovery, NamespaceInUse, backends, paths, sweep_dead
+from pool.client import rendezvous
+from pool.client.rendezvous import ADDRESS_FILE
+from pool.dispatcher.routing import MAX_QUEUED
+from pool.errors import PoolAlreadyRunning
+from pool.supervisor.children import (
     START_TIMEOUT_S,
     ChildFailed,
     Process,
@@ -61,15 +64,12 @@ from pool.children import (
     spawn,
     terminate,
 )
-from pool.errors import PoolAlreadyRunning
-from pool.output import output_lines
-from pool.rendezvous import ADDRESS_FILE
-from pool.routing import MAX_QUEUED
-from pool.view import View
-from pool.zygote import Zygote, ZygoteUnavailable, sweep_temp_dirs
-from workers import auth
+from pool.supervisor.output import output_lines
+from pool.supervisor.view import View
+from pool.supervisor.zygote import Zygote, ZygoteUnavailable, sweep_temp_dirs
 from workers.offload import in_daemon_thread
-from workers.tasks import MAX_ARGS_BYTES
+from workers.protocol import auth
+from workers.protocol.codec import MAX_ARGS_BYTES
 
 BACKOFF_S: Final = (0.1, 10.0)  # first delay, cap
 DISPATCHER_STOP_S: Final = 15.0  # it waits for its last results, then ends
@@ -141,7 +141,7 @@ class Options:
 
     def __post_init__(self) -> None:
         paths.validate_namespace(self.namespace)
-        registries.check_url(self.discovery_url)
+        backends.check_url(self.discovery_url)
         joining = self.discovery_url or self.external_workers
         if self.workers < (0 if joining else 1):
             raise ValueError(
@@ -312,7 +312,7 @@ class Supervisor:
         host = ["--host", opts.host] if opts.host else []
         dispatcher = Child(
             "dispatcher",
-            "pool.dispatcher",
+            "pool.dispatcher.server",
             [
                 *common,
                 *host,
@@ -472,7 +472,7 @@ class Supervisor:
     # -- following -----------------------------------------------------------
 
     async def _follow(self) -> None:
-        events = registries.subscriber_for(
+        events = backends.subscriber_for(
             self.options.namespace, self.options.discovery_url
         )
         async for event in events:

@@ -2,9 +2,9 @@
 
 :class:`Router` owns the queue of tasks waiting for a worker and one
 :class:`Link` per discovered worker (a stream to it; the real one is
-:class:`pool.links.WorkerLink`). It places each task on the least-loaded
+:class:`pool.dispatcher.links.WorkerLink`). It places each task on the least-loaded
 ready worker whose tags include the task's, never past the worker's
-``capacity``. Caller: :mod:`pool.dispatcher`, on its loop; the unit tests
+``capacity``. Caller: :mod:`pool.dispatcher.server`, on its loop; the unit tests
 drive it with fake links.
 
 Attempts. A worker tells the router which tasks it has *taken* before it
@@ -48,8 +48,8 @@ import grpc
 
 from discovery import DiscoveryEvent, WorkerInfo
 from pool.errors import NoWorkerAvailable, PoolStopping, WorkerLost
-from workers import tasks
-from workers.worker_pb2 import Result, Task
+from workers.protocol import codec
+from workers.protocol.worker_pb2 import Result, Task
 
 NO_WORKER_TIMEOUT_S: Final = 30.0
 MAX_ATTEMPTS: Final = 3
@@ -99,7 +99,9 @@ class Job:
     tags: frozenset[str]
     owner: Owner
     client_id: int
-    code: bytes = b""  # its function's pickle, if it ships one (workers.shipping)
+    code: bytes = (
+        b""  # its function's pickle, if it ships one (workers.protocol.shipping)
+    )
     attempts: int = 0  # workers lost after they had taken it
     untaken_losses: int = 0  # workers lost before they took it
     lost_on: list[WorkerInfo] = field(default_factory=list)
@@ -345,11 +347,11 @@ class Router:
         link = job.link
         if link is None:  # queued: it leaves the queue when the pump meets it
             self._dequeued()
-            self._deliver(job, Result(id=job.task.id, failure=tasks.cancelled()))
+            self._deliver(job, Result(id=job.task.id, failure=codec.cancelled()))
         elif link.withdraw(job):  # not written to the worker yet
             del link.in_flight[job.task.id]
             job.link = None
-            self._deliver(job, Result(id=job.task.id, failure=tasks.cancelled()))
+            self._deliver(job, Result(id=job.task.id, failure=codec.cancelled()))
         else:
             link.cancel(job.task.id)
 
@@ -360,11 +362,11 @@ class Router:
     def _fail(
         self, job: Job, error: Exception, code: grpc.StatusCode | None = None
     ) -> None:
-        failure = tasks.failure_of(error, code or grpc.StatusCode.ABORTED, remote=False)
+        failure = codec.failure_of(error, code or grpc.StatusCode.ABORTED, remote=False)
         self._deliver(job, Result(id=job.task.id, failure=failure))
 
     def on_accepted(self, link: Link, task_ids: Iterable[int]) -> None:
-        """The worker on ``link`` has taken these tasks."""
+        """The worker on ``link`` has taken these codec."""
         for task_id in task_ids:
             if (job := link.in_flight.get(task_id)) is not None and not job.taken:
                 job.taken = True
@@ -387,7 +389,7 @@ class Router:
             return  # requeued elsewhere already, or withdrawn
         job.link = None
         failed = result.HasField("failure")
-        if failed and tasks.status_of(result.failure) == grpc.StatusCode.UNAVAILABLE:
+        if failed and codec.status_of(result.failure) == grpc.StatusCode.UNAVAILABLE:
             job.taken = False  # the worker could not run it: not an attempt
             # Send it nothing more until its published state changes (it is
             # draining or stuck): else the task would bounce back and forth.

@@ -29,12 +29,12 @@ import grpc
 from grpc import aio
 
 from pool import dispatcher_pb2_grpc
+from pool.client.rendezvous import WRONG_TOKEN, Locator
 from pool.dispatcher_pb2 import Submission, SubmissionBatch
 from pool.errors import PoolError, PoolNotRunning, PoolRefused, ProtocolMismatch
-from pool.rendezvous import WRONG_TOKEN, Locator
-from workers import auth, shipping, tasks
-from workers.lifecycle import GRPC_OPTIONS
-from workers.worker_pb2 import Result, ResultBatch
+from workers.protocol import auth, codec, shipping
+from workers.protocol.worker_pb2 import Result, ResultBatch
+from workers.serving import GRPC_OPTIONS
 
 RECONNECT_S: Final = 30.0  # how long a client waits for a restarted dispatcher
 RECONNECT_FIRST_S: Final = 0.05
@@ -86,7 +86,7 @@ class Ledger:
         if self._outgoing.pop(task_id, None) is not None:
             self._codes.pop(task_id, None)
             _, handler = self._pending.pop(task_id)
-            handler.resolve(Result(id=task_id, failure=tasks.cancelled()))
+            handler.resolve(Result(id=task_id, failure=codec.cancelled()))
         elif task_id in self._pending and task_id not in self._cancelled:
             self._cancelled.add(task_id)
             self._cancels.append(task_id)
@@ -121,7 +121,7 @@ class Ledger:
         for task_id in self._cancelled:
             if (entry := self._pending.pop(task_id, None)) is not None:
                 self._codes.pop(task_id, None)
-                entry[1].resolve(Result(id=task_id, failure=tasks.cancelled()))
+                entry[1].resolve(Result(id=task_id, failure=codec.cancelled()))
         self._cancelled.clear()
         self._cancels = []
         self._outgoing = {task_id: entry[0] for task_id, entry in self._pending.items()}
@@ -130,7 +130,7 @@ class Ledger:
         pending, self._pending = self._pending, {}
         self._outgoing, self._cancels, self._codes = {}, [], {}
         self._cancelled.clear()
-        failure = tasks.failure_of(error, remote=False)
+        failure = codec.failure_of(error, remote=False)
         for task_id, (_, handler) in pending.items():
             handler.resolve(Result(id=task_id, failure=failure))
 
@@ -177,12 +177,12 @@ class Connection:
         self, submission: Submission, handler: Handler, code: bytes = b""
     ) -> None:
         """Send a task; ``handler`` hears what becomes of it; ``code`` is its
-        function's pickle if it ships one (:mod:`workers.shipping`)."""
+        function's pickle if it ships one (:mod:`workers.protocol.shipping`)."""
         if self.refused is not None:
             handler.resolve(
                 Result(
                     id=submission.task.id,
-                    failure=tasks.failure_of(self.refused, remote=False),
+                    failure=codec.failure_of(self.refused, remote=False),
                 )
             )
             return

@@ -23,7 +23,7 @@ often objects of ``__main__`` classes), and any value or exception that
 plain pickle refuses falls back to it (:func:`dumps`).
 
 Unpickling is code execution: only authenticated peers' bytes reach here
-(see :mod:`workers.auth`).
+(see :mod:`workers.protocol.auth`).
 """
 
 from __future__ import annotations

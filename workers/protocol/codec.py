@@ -2,7 +2,7 @@
 
 A task names an importable callable as ``"module:qualname"`` and carries
 ``pickle((args, kwargs))``. Its result is a pickled value or a
-:class:`~workers.worker_pb2.Failure` holding the exception pickled (when it
+:class:`~workers.protocol.worker_pb2.Failure` holding the exception pickled (when it
 pickles), its type name, its message and the remote traceback as text.
 :func:`exception_of` rebuilds the exception in the caller with that text
 attached as its ``__cause__``, like ``concurrent.futures.process`` does.
@@ -11,7 +11,7 @@ Every Failure names its condition with a gRPC status code (see
 :class:`BadTask` whose subclass and ``status`` say why.
 
 Unpickling is code execution: only authenticated peers' bytes reach
-:func:`load_call` (see :mod:`workers.auth`). Callers: :mod:`workers.service`
+:func:`load_call` (see :mod:`workers.protocol.auth`). Callers: :mod:`workers.service`
 (decodes calls, encodes outcomes) and :mod:`pool` (the reverse).
 """
 
@@ -28,8 +28,8 @@ from typing import Any, ClassVar, Final, NamedTuple
 
 import grpc
 
-from workers import shipping
-from workers.worker_pb2 import Failure, Task
+from workers.protocol import shipping
+from workers.protocol.worker_pb2 import Failure, Task
 
 MAX_ARGS_BYTES: Final = 64 * 1024 * 1024
 

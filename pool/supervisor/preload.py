@@ -1,4 +1,4 @@
-"""What the zygote (:mod:`pool.zygote`) imports, before it forks anything;
+"""What the zygote (:mod:`pool.supervisor.zygote`) imports, before it forks anything;
 nothing else imports it.
 
 gRPC must not install fork handlers in a process that forks pool processes:
@@ -37,8 +37,8 @@ import google.protobuf
 import grpc
 import uvloop
 
-import pool.dispatcher
-import pool.zygote
+import pool.dispatcher.server
+import pool.supervisor.zygote
 import workers.process
 
 gc.freeze()

@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator
 
-from workers.worker_pb2 import Result, ResultBatch
+from workers.protocol.worker_pb2 import Result, ResultBatch
 
 
 class Outbox:

@@ -30,7 +30,7 @@ import grpc
 
 from discovery import owner_pid, paths
 from pool.errors import PoolNotRunning, PoolRefused
-from workers import auth
+from workers.protocol import auth
 
 ADDRESS_FILE: Final = "address"
 LEASE_S: Final = 3.0
@@ -64,7 +64,7 @@ def locate(namespace: str) -> tuple[str, str]:
 
 
 def _dispatcher_key(namespace: str) -> str:
-    from discovery.remote import key
+    from discovery.redis.backend import key
 
     return key(namespace, "dispatcher")
 

@@ -6,7 +6,7 @@ hops on unix sockets, each process on uvloop, as a task goes client →
 dispatcher → worker. No protobuf, no pickling, no routing: what is left
 of a no-op task's round trip when everything of ours is taken away.
 
-``python -m pool.floor echo|relay SOCKET [UPSTREAM]`` runs one server
+``python -m pool.bench.floor echo|relay SOCKET [UPSTREAM]`` runs one server
 (printing ``ready`` once it listens); :func:`measure` starts both and
 times ``samples`` round trips in a row.
 """
@@ -92,7 +92,7 @@ def measure(samples: int = 500) -> list[float]:
                 ["relay", relay_socket, echo_socket],
             ):
                 server = subprocess.Popen(
-                    [sys.executable, "-m", "pool.floor", *argv],
+                    [sys.executable, "-m", "pool.bench.floor", *argv],
                     stdout=subprocess.PIPE,
                     text=True,
                 )

@@ -3,7 +3,7 @@
 :class:`Zygote` runs one ``multiprocessing`` forkserver of its own (a
 :class:`multiprocessing.forkserver.ForkServer`, not the module's shared one,
 so a program's own forkserver and its preload list are left alone). The
-forkserver is a fresh interpreter that imports :mod:`workers.preload`
+forkserver is a fresh interpreter that imports :mod:`pool.supervisor.preload`
 (grpc, protobuf, uvloop, the worker and the dispatcher, with
 ``GRPC_ENABLE_FORK_SUPPORT=0``) and creates no gRPC object, loop, thread
 or lock. Each child it forks then runs :func:`_enter`, which, before
@@ -20,7 +20,7 @@ caller's ``sys.path`` and working directory.
 A child forked this way is not ours to reap: the forkserver reaps it and
 writes its exit status to a pipe (the *sentinel*) that :class:`Forked`
 watches; signals go through a pidfd opened as soon as the pid is known, so
-they never reach a reused pid. Caller: :mod:`pool.supervisor`.
+they never reach a reused pid. Caller: :mod:`pool.supervisor.orchestration`.
 """
 
 from __future__ import annotations
@@ -51,7 +51,7 @@ import setproctitle
 from discovery import paths
 from discovery.liveness import pid_namespace
 
-PRELOAD: Final = ["workers.preload"]
+PRELOAD: Final = ["pool.supervisor.preload"]
 
 
 # multiprocessing keeps the forkserver's socket in a temporary directory

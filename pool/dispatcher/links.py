@@ -6,7 +6,7 @@ tasks the router gives it (and cancels), many per message, and the caller
 of ``run`` reading the worker's batches back into the router (tasks taken,
 then results). ``run`` returns when the stream ends, however it ends; the
 router then requeues what the worker did not answer. Created and run by
-:class:`pool.routing.Router`.
+:class:`pool.dispatcher.routing.Router`.
 """
 
 from __future__ import annotations
@@ -20,15 +20,15 @@ import grpc
 from grpc import aio
 
 from discovery import WorkerInfo
-from workers import auth, shipping
-from workers.lifecycle import GRPC_OPTIONS, TLS_KEY
-from workers.worker_pb2 import ResultBatch, Task, TaskBatch
-from workers.worker_pb2_grpc import WorkerStub
+from workers.protocol import auth, shipping
+from workers.protocol.worker_pb2 import ResultBatch, Task, TaskBatch
+from workers.protocol.worker_pb2_grpc import WorkerStub
+from workers.serving import GRPC_OPTIONS, TLS_KEY
 
 if TYPE_CHECKING:
-    from pool.routing import Job, Router
+    from pool.dispatcher.routing import Job, Router
 
-log = logging.getLogger("pool.dispatcher")
+log = logging.getLogger("pool.dispatcher.server")
 
 
 class WorkerLink:
