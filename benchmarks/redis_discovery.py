@@ -46,7 +46,7 @@ if not __package__:  # run as a file: this file must not shadow the package
     sys.path[0] = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 from discovery import RedisDiscovery, WorkerInfo
-from discovery.redis.backend import HEARTBEAT_S, TTL_S, RedisPublisher, RedisSubscriber
+from discovery.redis import HEARTBEAT_S, TTL_S, RedisPublisher, RedisSubscriber
 from pool.bench import rtt_ms, submit_rate
 from pool.client.embedded import Pool
 from tests.redis_server import RedisServer

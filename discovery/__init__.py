@@ -40,7 +40,7 @@ if TYPE_CHECKING:
         sweep_dead,
     )
     from discovery.publisher import Publisher
-    from discovery.redis.backend import RedisDiscovery
+    from discovery.redis import RedisDiscovery
     from discovery.subscriber import Subscriber, SubscriberStats
 
 _HOMES = {
@@ -53,7 +53,7 @@ _HOMES = {
     "NamespaceInUse": "discovery.errors",
     "NamespaceNotFound": "discovery.errors",
     "Publisher": "discovery.publisher",
-    "RedisDiscovery": "discovery.redis.backend",
+    "RedisDiscovery": "discovery.redis",
     "RegistryCorrupt": "discovery.errors",
     "RegistryFull": "discovery.errors",
     "RegistryMismatch": "discovery.errors",

@@ -1,7 +1,7 @@
 """Which registry a process publishes to and follows: the namespace's
 shared memory by default, or Redis when given a ``redis://`` URL (the
 ``--discovery`` option of ``pool up``, ``python -m workers`` and the
-dispatcher). Both sides give the same events (see :mod:`discovery.redis.backend`).
+dispatcher). Both sides give the same events (see :mod:`discovery.redis`).
 """
 
 from __future__ import annotations
@@ -84,7 +84,7 @@ def publisher_for(namespace: str, url: str | None) -> AnyPublisher:
         from discovery.publisher import Publisher
 
         return Publisher(namespace)
-    from discovery.redis.backend import RedisPublisher
+    from discovery.redis import RedisPublisher
 
     return RedisPublisher(url, namespace)
 
@@ -94,7 +94,7 @@ def subscriber_for(namespace: str, url: str | None) -> AsyncIterator[DiscoveryEv
         from discovery.subscriber import Subscriber
 
         return aiter(Subscriber(namespace))
-    from discovery.redis.backend import RedisSubscriber
+    from discovery.redis import RedisSubscriber
 
     return aiter(RedisSubscriber(url, namespace))
 

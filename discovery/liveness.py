@@ -29,8 +29,9 @@ from uuid import UUID
 import portalocker
 
 from discovery import paths
+from discovery.lock import RegistryLock
 from discovery.notify import Notifier
-from discovery.registry import Registry, RegistryLock
+from discovery.registry import Registry
 
 _EXCLUSIVE_NOW = portalocker.LockFlags.EXCLUSIVE | portalocker.LockFlags.NON_BLOCKING
 

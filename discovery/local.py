@@ -22,9 +22,10 @@ import discovery.subscriber as _sub
 from discovery import paths
 from discovery.errors import NamespaceInUse
 from discovery.info import WorkerInfo
+from discovery.lock import RegistryLock
 from discovery.notify import Notifier
 from discovery.ownership import Ownership, owner_pid
-from discovery.registry import Registry, RegistryLock
+from discovery.registry import Registry
 
 
 class LocalDiscovery:

@@ -25,7 +25,8 @@ import portalocker
 
 from discovery import paths
 from discovery.errors import NamespaceInUse
-from discovery.registry import Registry, RegistryLock, same_file
+from discovery.lock import RegistryLock
+from discovery.registry import Registry
 
 log = logging.getLogger(__name__)
 
@@ -59,7 +60,7 @@ class Ownership:
             except portalocker.AlreadyLocked:
                 os.close(fd)
                 return None
-            if same_file(fd, path):  # not removed (swept) as we locked it
+            if paths.same_file(fd, path):  # not removed (swept) as we locked it
                 os.ftruncate(fd, 0)
                 os.pwrite(fd, f"{os.getpid()} {namespace}\n".encode(), 0)
                 return cls(namespace, fd)

@@ -153,3 +153,30 @@ def remove_namespace_dir(namespace: str) -> None:
         os.rmdir(path)
     except OSError:
         pass
+
+
+def same_file(fd: int, path: os.PathLike[str]) -> bool | None:
+    """True if ``path`` still names the file open as ``fd``; None if it
+    names nothing."""
+    try:
+        st = os.stat(path, follow_symlinks=False)
+    except FileNotFoundError:
+        return None
+    fst = os.fstat(fd)
+    return (st.st_dev, st.st_ino) == (fst.st_dev, fst.st_ino)
+
+
+def check_segment_owner(path: os.PathLike[str], fd: int) -> None:
+    st = os.fstat(fd)
+    if st.st_uid != os.geteuid():
+        raise UnsafeRuntimeDirectory(
+            path,
+            f"the segment belongs to uid {st.st_uid}",
+            "use a namespace of your own",
+        )
+    if stat.S_IMODE(st.st_mode) & 0o077:
+        raise UnsafeRuntimeDirectory(
+            path,
+            f"the segment's mode is {stat.S_IMODE(st.st_mode):04o}",
+            "remove it, or use another namespace",
+        )

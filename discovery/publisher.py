@@ -29,8 +29,9 @@ from discovery.errors import (
 )
 from discovery.info import EVENT_TYPES, EventType, WorkerInfo
 from discovery.liveness import Liveness, forget, pid_namespace
+from discovery.lock import LOCK_TIMEOUT_S, RegistryLock
 from discovery.notify import Notifier
-from discovery.registry import LOCK_TIMEOUT_S, Registry, RegistryLock
+from discovery.registry import Registry
 
 
 class Publisher:

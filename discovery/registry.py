@@ -29,82 +29,48 @@ unchanged around it. Limits: at most 2**24 slots; generations wrap after
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import mmap
 import os
-import stat
-import struct
-import time
-from collections.abc import AsyncIterator, Iterator
-from contextlib import asynccontextmanager, contextmanager, suppress
-from dataclasses import dataclass
-from typing import Final, Self
+from contextlib import suppress
+from typing import Self
 from uuid import UUID
-
-import portalocker
 
 from discovery import paths
 from discovery.errors import (
-    LockTimeout,
     NamespaceNotFound,
     RegistryCorrupt,
     RegistryMismatch,
     UnsafeRuntimeDirectory,
 )
+from discovery.layout import (
+    GENERATION_OFFSET,
+    HEADER,
+    HEADER_SIZE,
+    LAYOUT_VERSION,
+    MAGIC,
+    MAX_BLOCK_SIZE,
+    MAX_CAPACITY,
+    NULL_UID,
+    OWNER_OFFSET,
+    RING_GEN_MASK,
+    RING_SLOT_MASK,
+    SLOT,
+    SLOT_BODY,
+    STATE_CLOSED,
+    STATE_OFFSET,
+    STATE_OPEN,
+    U32,
+    U64,
+    U64_MASK,
+    SlotRead,
+    ring_size_for,
+    segment_size,
+    slot_stride,
+)
+from discovery.paths import check_segment_owner
 
 log = logging.getLogger(__name__)
-
-MAGIC: Final = b"SHMPREG\x00"
-LAYOUT_VERSION: Final = 3  # 3: WorkerInfo.status became an enum
-LOCK_TIMEOUT_S: Final = 30.0
-MAX_CAPACITY: Final = 1 << 24
-MAX_BLOCK_SIZE: Final = 1 << 20
-
-_HEADER: Final = struct.Struct("<8sIIIIIIQ")  # ... state, owner pid, generation
-_HEADER_SIZE: Final = 64
-_GENERATION_OFFSET: Final = 32
-_STATE_OFFSET: Final = 24
-_OWNER_OFFSET: Final = 28
-_U64: Final = struct.Struct("<Q")
-_U32: Final = struct.Struct("<I")
-_SLOT: Final = struct.Struct("<Q16sIIQ")  # version, uid, pid, length, pid ns
-_SLOT_BODY: Final = struct.Struct("<16sIIQ")  # the slot after its version
-SLOT_HEADER_BYTES: Final = _SLOT.size
-_RING_GEN_MASK: Final = (1 << 40) - 1
-_RING_SLOT_MASK: Final = (1 << 24) - 1
-_NULL_UID: Final = bytes(16)
-_U64_MASK: Final = (1 << 64) - 1
-
-STATE_OPEN: Final = 1
-STATE_CLOSED: Final = 2
-
-
-def ring_size_for(capacity: int) -> int:
-    """Ring entries for a capacity: enough for every slot to change once."""
-    return max(256, capacity)
-
-
-def segment_size(capacity: int, block_size: int) -> int:
-    """Bytes of the segment for a capacity and a block size."""
-    return (
-        _HEADER_SIZE + ring_size_for(capacity) * 8 + capacity * _slot_stride(block_size)
-    )
-
-
-def _slot_stride(block_size: int) -> int:
-    return _SLOT.size + (block_size + 7) // 8 * 8
-
-
-@dataclass(frozen=True, slots=True)
-class SlotRead:
-    """A consistent copy of one slot. ``data`` is None when ``length`` is bad."""
-
-    version: int
-    uid: UUID | None
-    pid: int  # of the process that published the slot
-    pidns: int  # that process's pid namespace
-    data: bytes | None
 
 
 class Registry:
@@ -157,7 +123,7 @@ class Registry:
         self = cls(namespace, fd, created=True)
         ring = ring_size_for(capacity)
         fields = (b"", LAYOUT_VERSION, capacity, block_size, ring, STATE_OPEN)
-        _HEADER.pack_into(self._view, 0, *fields, os.getpid(), 0)
+        HEADER.pack_into(self._view, 0, *fields, os.getpid(), 0)
         self._view[:8] = MAGIC  # last: an attacher waits for it
         self._load_header()
         return self
@@ -181,8 +147,8 @@ class Registry:
                 path, "another user owns it", "use a namespace of your own"
             ) from None
         try:
-            _check_segment_owner(path, fd)
-            if os.fstat(fd).st_size < _HEADER_SIZE:
+            check_segment_owner(path, fd)
+            if os.fstat(fd).st_size < HEADER_SIZE:
                 raise NamespaceNotFound(namespace)
         except BaseException:
             os.close(fd)
@@ -205,7 +171,7 @@ class Registry:
 
     def _load_header(self) -> None:
         magic, layout, capacity, block_size, ring, _state, _pid, _gen = (
-            _HEADER.unpack_from(self._view, 0)
+            HEADER.unpack_from(self._view, 0)
         )
         if magic == bytes(8):
             raise NamespaceNotFound(self.namespace)
@@ -225,8 +191,8 @@ class Registry:
                 f"do not fit a segment of {len(self._view)} bytes",
             )
         self.capacity, self.block_size, self.ring_size = capacity, block_size, ring
-        self._slots_at = _HEADER_SIZE + ring * 8
-        self._stride = _slot_stride(block_size)
+        self._slots_at = HEADER_SIZE + ring * 8
+        self._stride = slot_stride(block_size)
 
     @property
     def _view(self) -> memoryview:
@@ -268,21 +234,21 @@ class Registry:
     @property
     def generation(self) -> int:
         """How many changes the registry has seen."""
-        return int(_U64.unpack_from(self._view, _GENERATION_OFFSET)[0])
+        return int(U64.unpack_from(self._view, GENERATION_OFFSET)[0])
 
     @property
     def owner_pid(self) -> int:
         """The pid of the process that created the registry."""
-        return int(_U32.unpack_from(self._view, _OWNER_OFFSET)[0])
+        return int(U32.unpack_from(self._view, OWNER_OFFSET)[0])
 
     @property
     def closed(self) -> bool:
         """True once the owner has closed the namespace."""
-        return bool(_U32.unpack_from(self._view, _STATE_OFFSET)[0] == STATE_CLOSED)
+        return bool(U32.unpack_from(self._view, STATE_OFFSET)[0] == STATE_CLOSED)
 
     def mark_closed(self) -> None:
         """Mark the namespace closed and announce it (under the lock)."""
-        _U32.pack_into(self._view, _STATE_OFFSET, STATE_CLOSED)
+        U32.pack_into(self._view, STATE_OFFSET, STATE_CLOSED)
         self._bump(0)
 
     def changed_slots(self, since: int) -> tuple[int, list[int] | None]:
@@ -299,9 +265,9 @@ class Registry:
             return now, None
         slots = []
         for gen in range(since + 1, now + 1):
-            entry = _U64.unpack_from(view, _HEADER_SIZE + gen % ring * 8)[0]
-            slot = entry & _RING_SLOT_MASK
-            if entry >> 24 != gen & _RING_GEN_MASK or slot >= self.capacity:
+            entry = U64.unpack_from(view, HEADER_SIZE + gen % ring * 8)[0]
+            slot = entry & RING_SLOT_MASK
+            if entry >> 24 != gen & RING_GEN_MASK or slot >= self.capacity:
                 return now, None  # overwritten, or not written by us
             slots.append(slot)
         if self.generation - since > ring:  # lapped while we read the ring
@@ -314,21 +280,21 @@ class Registry:
         """The slot's seqlock version: odd while a write is under way, and
         left odd by a writer that died mid-write (see :meth:`repair`)."""
         offset = self._slots_at + index * self._stride
-        return int(_U64.unpack_from(self._view, offset)[0])
+        return int(U64.unpack_from(self._view, offset)[0])
 
     def read_slot(self, index: int) -> SlotRead | None:
         """A consistent copy of a slot, or None while a write is under way."""
         view, offset = self._view, self._slots_at + index * self._stride
-        version, uid, pid, length, pidns = _SLOT.unpack_from(view, offset)
+        version, uid, pid, length, pidns = SLOT.unpack_from(view, offset)
         if version & 1:
             return None
         data = None
         if length <= self.block_size:
-            start = offset + _SLOT.size
+            start = offset + SLOT.size
             data = bytes(view[start : start + length])
-        if _U64.unpack_from(view, offset)[0] != version:
+        if U64.unpack_from(view, offset)[0] != version:
             return None
-        owner = None if uid == _NULL_UID else UUID(bytes=uid)
+        owner = None if uid == NULL_UID else UUID(bytes=uid)
         return SlotRead(version, owner, pid, pidns, data)
 
     # -- slots: writers (caller holds the lock) ----------------------------
@@ -345,7 +311,7 @@ class Registry:
     def find_free(self) -> int | None:
         """A slot holding no worker."""
         for index in range(self.capacity):
-            if self._slot_uid(index) == _NULL_UID:
+            if self._slot_uid(index) == NULL_UID:
                 return index
         return None
 
@@ -356,14 +322,14 @@ class Registry:
         if len(data) > self.block_size:
             raise ValueError(f"{len(data)} bytes do not fit a {self.block_size} block")
         view, offset = self._view, self._slots_at + index * self._stride
-        version = _U64.unpack_from(view, offset)[0]
+        version = U64.unpack_from(view, offset)[0]
         version += 1 + (version & 1)  # odd: a write is under way
-        _U64.pack_into(view, offset, version)
-        raw_uid = _NULL_UID if uid is None else uid.bytes
-        _SLOT_BODY.pack_into(view, offset + 8, raw_uid, pid, len(data), pidns)
-        start = offset + _SLOT.size
+        U64.pack_into(view, offset, version)
+        raw_uid = NULL_UID if uid is None else uid.bytes
+        SLOT_BODY.pack_into(view, offset + 8, raw_uid, pid, len(data), pidns)
+        start = offset + SLOT.size
         view[start : start + len(data)] = data
-        _U64.pack_into(view, offset, version + 1)
+        U64.pack_into(view, offset, version + 1)
         self._bump(index)
 
     def repair(self, index: int) -> bool:
@@ -383,123 +349,7 @@ class Registry:
 
     def _bump(self, index: int) -> None:
         view = self._view
-        generation = (self.generation + 1) & _U64_MASK  # wraps only if corrupted
-        entry = (generation & _RING_GEN_MASK) << 24 | index
-        _U64.pack_into(view, _HEADER_SIZE + generation % self.ring_size * 8, entry)
-        _U64.pack_into(view, _GENERATION_OFFSET, generation)
-
-
-def same_file(fd: int, path: os.PathLike[str]) -> bool | None:
-    """True if ``path`` still names the file open as ``fd``; None if it
-    names nothing."""
-    try:
-        st = os.stat(path, follow_symlinks=False)
-    except FileNotFoundError:
-        return None
-    fst = os.fstat(fd)
-    return (st.st_dev, st.st_ino) == (fst.st_dev, fst.st_ino)
-
-
-def _check_segment_owner(path: os.PathLike[str], fd: int) -> None:
-    st = os.fstat(fd)
-    if st.st_uid != os.geteuid():
-        raise UnsafeRuntimeDirectory(
-            path,
-            f"the segment belongs to uid {st.st_uid}",
-            "use a namespace of your own",
-        )
-    if stat.S_IMODE(st.st_mode) & 0o077:
-        raise UnsafeRuntimeDirectory(
-            path,
-            f"the segment's mode is {stat.S_IMODE(st.st_mode):04o}",
-            "remove it, or use another namespace",
-        )
-
-
-class RegistryLock:
-    """The namespace's exclusive cross-process writer lock.
-
-    A flock on ``<namespace dir>/lock`` through portalocker. The kernel
-    releases it when the holder dies, however it dies. Waits are
-    non-blocking attempts with capped exponential back-off (never a spin,
-    never a blocking flock in a thread) bounded by ``timeout_s``.
-    """
-
-    def __init__(self, namespace: str, timeout_s: float = LOCK_TIMEOUT_S) -> None:
-        if timeout_s <= 0:
-            raise ValueError(f"timeout_s must be positive, got {timeout_s}")
-        self.namespace, self.timeout_s = namespace, timeout_s
-        self._path = paths.namespace_dir(namespace) / paths.LOCK_FILE
-        self._fd: int | None = paths.open_private_file(self._path)
-
-    def close(self) -> None:
-        """Close the lock file (releasing the lock if held). Never raises."""
-        if self._fd is not None:
-            os.close(self._fd)
-            self._fd = None
-
-    def _try(self) -> bool:
-        if self._fd is None:
-            raise ValueError(f"lock of {self.namespace!r} is closed")
-        flags = portalocker.LockFlags.EXCLUSIVE | portalocker.LockFlags.NON_BLOCKING
-        try:
-            portalocker.lock(self._fd, flags)
-        except portalocker.AlreadyLocked:
-            return False
-        if same_file(self._fd, self._path) is not False:
-            return True  # (None: removed, and nobody made a new one to guard)
-        # A new owner made a new lock file after the old one was removed
-        # while we waited for it: the old one guards nothing. Take the new
-        # one instead, on the next try.
-        os.close(self._fd)
-        self._fd = paths.open_private_file(self._path)
-        return False
-
-    def _release(self) -> None:
-        if self._fd is not None:
-            portalocker.unlock(self._fd)
-
-    def _delays(self) -> Iterator[float]:
-        """Back-off delays until the deadline, then :class:`LockTimeout`."""
-        deadline = time.monotonic() + self.timeout_s
-        delay = 0.0002
-        while (left := deadline - time.monotonic()) > 0:
-            yield min(delay, left)
-            delay = min(delay * 2, 0.02)
-        raise LockTimeout(self.namespace, self.timeout_s)
-
-    @contextmanager
-    def hold_if_free(self) -> Iterator[bool]:
-        """Hold the lock if no one else does; yields whether it is held."""
-        held = self._try()
-        try:
-            yield held
-        finally:
-            if held:
-                self._release()
-
-    @contextmanager
-    def hold(self) -> Iterator[None]:
-        """Hold the lock, waiting (blocking this thread) up to ``timeout_s``."""
-        if not self._try():
-            for delay in self._delays():
-                time.sleep(delay)
-                if self._try():
-                    break
-        try:
-            yield
-        finally:
-            self._release()
-
-    @asynccontextmanager
-    async def hold_async(self) -> AsyncIterator[None]:
-        """Hold the lock, waiting on the event loop up to ``timeout_s``."""
-        if not self._try():
-            for delay in self._delays():
-                await asyncio.sleep(delay)
-                if self._try():
-                    break
-        try:
-            yield
-        finally:
-            self._release()
+        generation = (self.generation + 1) & U64_MASK  # wraps only if corrupted
+        entry = (generation & RING_GEN_MASK) << 24 | index
+        U64.pack_into(view, HEADER_SIZE + generation % self.ring_size * 8, entry)
+        U64.pack_into(view, GENERATION_OFFSET, generation)

@@ -43,8 +43,9 @@ from uuid import UUID
 from discovery import paths, watch
 from discovery.errors import NamespaceNotFound, RegistryCorrupt
 from discovery.info import DiscoveryEvent, WorkerInfo
+from discovery.layout import SlotRead
 from discovery.liveness import PidWatch, PidWatches, Reaper, sweep
-from discovery.registry import Registry, SlotRead
+from discovery.registry import Registry
 
 log = logging.getLogger(__name__)
 

@@ -32,7 +32,8 @@ import uvloop
 
 from discovery import DiscoveryEvent, LocalDiscovery, Publisher, Subscriber, WorkerInfo
 from discovery.liveness import Liveness
-from discovery.registry import Registry, RegistryLock
+from discovery.lock import RegistryLock
+from discovery.registry import Registry
 from tests.helpers import children_of
 
 

@@ -18,7 +18,7 @@ import uuid
 import uvloop
 
 from discovery import WorkerInfo
-from discovery.redis.backend import RedisPublisher
+from discovery.redis import RedisPublisher
 
 
 async def main(

@@ -12,8 +12,10 @@ from contextlib import asynccontextmanager, contextmanager, suppress
 from typing import Any
 
 from discovery import DiscoveryEvent, Subscriber, WorkerInfo
+from discovery.layout import SLOT_HEADER_BYTES
+from discovery.lock import RegistryLock
 from discovery.notify import Notifier
-from discovery.registry import SLOT_HEADER_BYTES, Registry, RegistryLock
+from discovery.registry import Registry
 
 DEADLINE_S = 10.0
 

@@ -620,7 +620,7 @@ def cmd_workers(args: argparse.Namespace) -> int:
             raise PoolNotRunning(args.namespace)
         infos = list_workers(args.namespace)
     else:
-        from discovery.redis.backend import registered
+        from discovery.redis import registered
 
         backends.check_reachable(locator.discovery_url)
         infos = registered(locator.discovery_url, args.namespace)
@@ -687,7 +687,7 @@ def cmd_watch(args: argparse.Namespace) -> int:
     url = _url(args)
     events: AsyncIterable[DiscoveryEvent] = Subscriber(args.namespace)
     if url is not None:
-        from discovery.redis.backend import RedisSubscriber
+        from discovery.redis import RedisSubscriber
 
         events = RedisSubscriber(url, args.namespace)
 

@@ -64,7 +64,7 @@ def locate(namespace: str) -> tuple[str, str]:
 
 
 def _dispatcher_key(namespace: str) -> str:
-    from discovery.redis.backend import key
+    from discovery.redis.keys import key
 
     return key(namespace, "dispatcher")
 

@@ -26,7 +26,8 @@ from discovery import (
     Subscriber,
     WorkerInfo,
 )
-from discovery.registry import Registry, ring_size_for
+from discovery.layout import ring_size_for
+from discovery.registry import Registry
 from tests.streams import collecting, eventually, make_info, raw_writer
 
 CAPACITY, BLOCK = 4, 256

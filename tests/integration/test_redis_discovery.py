@@ -16,7 +16,7 @@ import pytest
 
 from discovery import DiscoveryEvent, WorkerInfo
 from discovery.errors import WorkerAlreadyRegistered, WorkerNotRegistered
-from discovery.redis.backend import RedisDiscovery, RedisSubscriber
+from discovery.redis import RedisDiscovery, RedisSubscriber
 from tests.helpers import python_module
 from tests.redis_server import RedisServer
 

@@ -19,7 +19,7 @@ import pytest
 import redis
 
 from discovery import list_workers, paths
-from discovery.redis.backend import registered
+from discovery.redis import registered
 from pool import Client
 from pool.client.rendezvous import locate
 from tests import sample_tasks

@@ -24,7 +24,7 @@ from discovery import (
     WorkerInfo,
     paths,
 )
-from discovery.registry import RegistryLock
+from discovery.lock import RegistryLock
 from tests.helpers import agent
 from tests.streams import events_until, follow, make_info, next_event, raw_writer
 
