@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 # imports the dispatcher without the clients, the supervisor and rich.
 _HOMES: dict[str, str] = {
     "__version__": "discovery",
-    "AsyncClient": "pool.client.executor",
+    "AsyncClient": "pool.client.async_client",
     "Client": "pool.client.executor",
     "Pool": "pool.client.embedded",
     "NoWorkerAvailable": "pool.errors",
@@ -43,8 +43,9 @@ _HOMES: dict[str, str] = {
 
 if TYPE_CHECKING:
     from discovery import __version__
+    from pool.client.async_client import AsyncClient
     from pool.client.embedded import Pool
-    from pool.client.executor import AsyncClient, Client
+    from pool.client.executor import Client
     from pool.errors import (
         NoWorkerAvailable,
         PoolAlreadyRunning,

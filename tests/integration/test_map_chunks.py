@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from pool import AsyncClient, Client, Pool
-from pool.client.executor import MIN_CHUNKS
+from pool.client.core import MIN_CHUNKS
 from tests import sample_tasks
 from tests.helpers import wait_until
 

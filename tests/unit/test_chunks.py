@@ -5,12 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from pool.client.executor import (
-    CHUNK_TARGET_S,
-    MAX_CHUNK_BYTES,
-    MIN_CHUNKS,
-    auto_chunksize,
-)
+from pool.client.core import CHUNK_TARGET_S, MAX_CHUNK_BYTES, MIN_CHUNKS, auto_chunksize
 from tests import sample_tasks
 from workers.protocol import codec
 

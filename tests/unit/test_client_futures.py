@@ -11,7 +11,8 @@ import pytest
 
 from pool import PoolNotRunning, RemoteTraceback
 from pool.client.connection import MAX_BATCH_TASKS, Ledger
-from pool.client.executor import FutureHandler, Submissions
+from pool.client.core import Submissions
+from pool.client.loop import FutureHandler
 from tests import sample_tasks
 from workers.protocol import codec
 from workers.protocol.worker_pb2 import Result, ResultBatch

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from pool.client.connection import Ledger
-from pool.client.executor import Submissions
+from pool.client.core import Submissions
 from tests import sample_tasks
 from workers import imports
 from workers.protocol import codec, shipping

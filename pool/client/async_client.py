@@ -1,0 +1,176 @@
+""":class:`AsyncClient`: the pool for asyncio code, on the caller's loop.
+
+The same submissions, connection and map plan as
+:class:`~pool.client.executor.Client` (:mod:`pool.client.core`), with
+asyncio futures instead of ``concurrent.futures`` ones. A task is run *at
+least once* (see :mod:`pool.client.executor`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Callable, Iterable
+from types import ModuleType, TracebackType
+from typing import Any, Self
+
+from discovery import backends, paths
+from pool.client.connection import Connection
+from pool.client.core import PROBE_WAIT_S, MapPlan, Submissions, outcome
+from pool.client.rendezvous import Locator
+from workers.protocol import codec, shipping
+from workers.protocol.worker_pb2 import Result
+
+
+class AsyncClient:
+    """The pool for asyncio code: ``async with AsyncClient(ns) as client``.
+
+    Enter and leave it in the same task: it runs its connection in a task
+    group of that task.
+
+    :param namespace: the pool's namespace.
+    :param tags: tags every task of this client requires of its worker.
+    :param task_timeout_s: per-task limit enforced by the worker (None: none).
+    :param ship_modules, discovery_url, token_file, tls_ca: as for
+        :class:`Client`.
+    """
+
+    def __init__(
+        self,
+        namespace: str = "default",
+        *,
+        tags: Iterable[str] = (),
+        task_timeout_s: float | None = None,
+        ship_modules: Iterable[ModuleType] = (),
+        discovery_url: str | None = None,
+        token_file: str | None = None,
+        tls_ca: str | None = None,
+    ) -> None:
+        self.namespace = paths.validate_namespace(namespace)
+        url = backends.check_url(discovery_url)
+        self._locator = Locator(namespace, url, token_file, tls_ca)
+        self._submissions = Submissions(tags, task_timeout_s, ship_modules)
+        self._connection: Connection | None = None
+        self._group: asyncio.TaskGroup | None = None
+
+    async def __aenter__(self) -> Self:
+        connection = await Connection.open(self._locator)
+        group = asyncio.TaskGroup()
+        await group.__aenter__()
+        group.create_task(connection.run())
+        self._connection, self._group = connection, group
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        """Close the stream; tasks still pending fail. Never raises over an
+        error already unwinding."""
+        if self._connection is None or self._group is None:
+            return
+        connection, group = self._connection, self._group
+        self._connection = self._group = None
+        connection.close(abandon=True)
+        await group.__aexit__(None, None, None)
+
+    def _send(
+        self,
+        ref: shipping.Reference,
+        args: tuple[Any, ...],
+        kwargs: Any,
+        *,
+        chunk: bool = False,
+    ) -> tuple[int, asyncio.Future[Result]]:
+        if self._connection is None:
+            raise RuntimeError("use `async with AsyncClient(...)` before submitting")
+        submission, code = self._submissions.make(ref, args, kwargs, chunk=chunk)
+        answer: asyncio.Future[Result] = asyncio.get_running_loop().create_future()
+        self._connection.submit(submission, _AsyncHandler(answer), code)
+        return submission.task.id, answer
+
+    async def _outcome(self, task_id: int, answer: asyncio.Future[Result]) -> Any:
+        try:
+            return outcome(await answer)
+        except asyncio.CancelledError:
+            if self._connection is not None:
+                self._connection.cancel(task_id)
+            raise
+
+    async def submit(
+        self, fn: Callable[..., Any] | str, /, *args: Any, **kwargs: Any
+    ) -> Any:
+        """Run ``fn(*args, **kwargs)`` in the pool and return its result.
+
+        Cancelling the awaiting task cancels the task in the pool.
+        """
+        ref = self._submissions.reference(fn)
+        return await self._outcome(*self._send(ref, args, kwargs))
+
+    async def map(
+        self,
+        fn: Callable[..., Any],
+        *iterables: Iterable[Any],
+        chunksize: int | None = None,
+    ) -> AsyncIterator[Any]:
+        """Results of ``fn`` over the iterables, in order; every task is sent
+        at once, and those not yet awaited are cancelled if the loop stops.
+        ``chunksize`` is as for :meth:`Client.map` (adaptive by default)."""
+        plan = MapPlan(
+            iterables, chunksize, per_task_limit=bool(self._submissions.timeout_s)
+        )
+        chunked = plan.chunked
+        ref = self._submissions.reference(fn)
+        sent = [self._send(ref, args, {}, chunk=chunked) for args in plan.first()]
+        if plan.adaptive:
+            per_call_s = await _time_per_call_async([a for _, a in sent])
+            sent += [self._send(ref, a, {}, chunk=True) for a in plan.rest(per_call_s)]
+        sent.reverse()
+        try:
+            while sent:
+                value = await self._outcome(*sent.pop())
+                if not chunked:
+                    yield value
+                else:
+                    for item in codec.chunk_items(value):
+                        yield item
+        finally:
+            for task_id, answer in sent:
+                if not answer.done() and self._connection is not None:
+                    self._connection.cancel(task_id)
+
+
+async def _time_per_call_async(answers: list[asyncio.Future[Result]]) -> float | None:
+    """:func:`pool.client.executor._time_per_call` for :class:`AsyncClient`."""
+    if not answers:
+        return None
+    # (An asyncio client does not hear when a task is taken: it waits longer.)
+    done, _ = await asyncio.wait(
+        answers, timeout=4 * PROBE_WAIT_S, return_when=asyncio.FIRST_COMPLETED
+    )
+    for answer in done:
+        with contextlib.suppress(Exception):
+            chunk: codec.ChunkResult = outcome(answer.result())
+            return chunk.elapsed_s / max(1, len(chunk.values))
+    return None
+
+
+class _AsyncHandler:
+    """Resolves an asyncio future with a task's result (on its loop)."""
+
+    __slots__ = ("_answer",)
+
+    def __init__(self, answer: asyncio.Future[Result]) -> None:
+        self._answer = answer
+
+    def accepted(self) -> None:
+        pass
+
+    def resolve(self, result: Result) -> None:
+        if not self._answer.done():
+            self._answer.set_result(result)

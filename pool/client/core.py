@@ -1,0 +1,183 @@
+"""What :class:`~pool.client.executor.Client` and
+:class:`~pool.client.async_client.AsyncClient` share: how a call becomes a
+submission (:class:`Submissions`), how a result becomes a value
+(:func:`outcome`), and how a map's calls are cut into tasks
+(:class:`MapPlan`). No I/O; the connection (:mod:`pool.client.connection`)
+carries what is made here.
+"""
+
+from __future__ import annotations
+
+import itertools
+import pickle
+from collections.abc import Callable, Iterable, Iterator
+from types import ModuleType
+from typing import Any, Final
+
+from pool.dispatcher_pb2 import Submission
+from workers.protocol import codec, shipping
+from workers.protocol.worker_pb2 import Result, Task
+
+# map's adaptive chunks (see Client.map): the first calls go one per task,
+PROBE_CALLS: Final = 8
+# and the first of them to answer says how long a call runs, unless one has
+# run this long without an answer (a long call: one per task, then); a pool
+# slow to take them (busy, or starting) is waited for up to PROBE_MAX_S;
+PROBE_WAIT_S: Final = 0.05
+PROBE_MAX_S: Final = 1.0
+# then the rest go in chunks that run about this long in the worker (a task
+# costs about 0.2 ms of CPU over the three processes it crosses),
+CHUNK_TARGET_S: Final = 0.002
+# and in at least this many chunks, so that every worker gets its share,
+MIN_CHUNKS: Final = 64
+# each carrying about this many bytes of arguments at most.
+MAX_CHUNK_BYTES: Final = 1 << 20
+
+
+def outcome(result: Result) -> Any:
+    """The value a result carries, or raise the exception it carries."""
+    if result.HasField("failure"):
+        raise codec.exception_of(result.failure)
+    return pickle.loads(result.value)
+
+
+class Submissions:
+    """What both clients put on a task: a fresh id, the callable (by name,
+    or by value: see :mod:`workers.protocol.shipping`), the pickled call, and the
+    client's tags and time limit.
+
+    :param ship_modules: modules whose functions and classes travel by value
+        (registered with cloudpickle for the life of the process).
+    """
+
+    def __init__(
+        self,
+        tags: Iterable[str],
+        task_timeout_s: float | None,
+        ship_modules: Iterable[ModuleType] = (),
+    ) -> None:
+        self._tags = tuple(tags)
+        self.timeout_s = task_timeout_s or 0.0
+        self._ids = itertools.count(1)
+        self._ship_modules = tuple(_ship(module) for module in ship_modules)
+
+    def reference(self, fn: Callable[..., Any] | str) -> shipping.Reference:
+        """How ``fn`` travels (pickled once here if by value).
+
+        :raises TypeError: if ``fn`` is neither a callable nor a name.
+        :raises Exception: whatever pickling ``fn`` raises.
+        """
+        if not (isinstance(fn, str) or callable(fn)):
+            raise TypeError(f"{type(fn).__name__!r} object is not callable")
+        return shipping.reference(fn, self._ship_modules)
+
+    def make(
+        self,
+        ref: shipping.Reference,
+        args: tuple[Any, ...],
+        kwargs: Any,
+        *,
+        chunk: bool = False,
+    ) -> tuple[Submission, bytes]:
+        """A submission calling ``ref``, and the code to ship with it.
+
+        :raises Exception: whatever pickling the arguments raises.
+        """
+        task = Task(
+            id=next(self._ids),
+            function=ref.name,
+            digest=ref.digest,
+            args=codec.dump_call(args, dict(kwargs), by_value=ref.by_value),
+            timeout_s=self.timeout_s,
+            chunk=chunk,
+        )
+        return Submission(task=task, tags=self._tags), ref.code
+
+
+def _ship(module: ModuleType) -> str:
+    if not isinstance(module, ModuleType):
+        raise TypeError(
+            f"ship_modules takes modules (import them first), got "
+            f"{type(module).__name__} {module!r}"
+        )
+    import cloudpickle  # (only a client that ships modules needs it now)
+
+    cloudpickle.register_pickle_by_value(module)
+    return module.__name__
+
+
+def auto_chunksize(
+    per_call_s: float | None, calls: int, per_call_bytes: int = 0
+) -> int:
+    """How many calls of ``per_call_s`` each (None: not known in time) to
+    send per task when ``calls`` are left: enough to run about
+    :data:`CHUNK_TARGET_S`, but at least :data:`MIN_CHUNKS` chunks, and
+    no more than :data:`MAX_CHUNK_BYTES` of arguments of ``per_call_bytes``."""
+    if per_call_s is None or per_call_s >= CHUNK_TARGET_S:
+        return 1
+    size = int(CHUNK_TARGET_S / max(per_call_s, 1e-7))
+    size = min(size, MAX_CHUNK_BYTES // max(per_call_bytes, 1))
+    return max(1, min(size, calls // MIN_CHUNKS))
+
+
+def _call_bytes(calls: list[tuple[Any, ...]]) -> int:
+    """The pickled size of the last call's arguments, as a sample (0 if they
+    do not pickle: the chunk that holds them will fail as they would)."""
+    try:
+        return len(pickle.dumps(calls[-1], pickle.HIGHEST_PROTOCOL)) if calls else 0
+    except Exception:
+        return 0
+
+
+def _slices(calls: list[Any], start: int, size: int) -> Iterator[list[Any]]:
+    for at in range(start, len(calls), size):
+        yield calls[at : at + size]
+
+
+class MapPlan:
+    """How a map's calls travel, for both clients.
+
+    One task per call with ``chunksize=1``, and by default under a per-task
+    time limit (so that the limit stays per call). Else in chunks (a task
+    whose callable runs once per call, :func:`workers.protocol.codec.run_chunk`):
+    of ``chunksize`` calls, or, by default, adaptive: the first
+    :data:`PROBE_CALLS` calls one per chunk, whose first answer says how
+    long a call runs (:func:`auto_chunksize`), then the rest.
+
+    :raises ValueError: for a ``chunksize`` below 1.
+    """
+
+    def __init__(
+        self,
+        iterables: tuple[Iterable[Any], ...],
+        chunksize: int | None,
+        *,
+        per_task_limit: bool,
+    ) -> None:
+        if chunksize is not None and chunksize < 1:
+            raise ValueError(f"chunksize must be at least 1, got {chunksize}")
+        if chunksize is None and per_task_limit:
+            chunksize = 1
+        self.chunked = chunksize != 1
+        self.adaptive = chunksize is None
+        self._size = chunksize
+        self._calls = list(zip(*iterables, strict=False))
+
+    def first(self) -> list[tuple[Any, ...]]:
+        """The arguments of the tasks to send now: every call (one per
+        task), every chunk, or the probes of an adaptive plan."""
+        if not self.chunked:
+            return self._calls
+        if self._size is None:
+            return [([call],) for call in self._calls[:PROBE_CALLS]]
+        return [(chunk,) for chunk in _slices(self._calls, 0, self._size)]
+
+    def rest(self, per_call_s: float | None) -> list[tuple[Any, ...]]:
+        """An adaptive plan's other chunks, once the probes took
+        ``per_call_s`` a call (None: not known in time)."""
+        if not self.adaptive:
+            return []
+        probed = min(PROBE_CALLS, len(self._calls))
+        left = len(self._calls) - probed
+        size = auto_chunksize(per_call_s, left, _call_bytes(self._calls))
+        return [(chunk,) for chunk in _slices(self._calls, probed, size)]

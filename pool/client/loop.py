@@ -1,0 +1,214 @@
+"""The loop of a :class:`~pool.client.executor.Client`, on a thread of its own.
+
+:class:`LoopThread` runs a uvloop loop that runs the client's
+:class:`~pool.client.connection.Connection`; it holds nothing of the
+client, so that an unreferenced client is finalized like the standard
+executors. Callers hand it submissions from any thread (one wake-up of the
+loop per burst); a :class:`FutureHandler` drives each future from its
+task's answers on the loop. At interpreter exit every loop's pending
+futures are waited for, as ``concurrent.futures.thread`` does.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import contextlib
+import logging
+import threading
+import weakref
+from collections.abc import Callable
+from typing import Any, Final
+
+import uvloop
+
+from pool.client.connection import Connection
+from pool.client.core import outcome
+from pool.client.rendezvous import Locator
+from pool.dispatcher_pb2 import Submission
+from pool.errors import PoolError
+from workers.protocol.worker_pb2 import Result
+
+CONNECT_TIMEOUT_S: Final = 30.0
+
+
+log = logging.getLogger("pool.client")
+
+# Like concurrent.futures.thread: once the interpreter starts to exit, every
+# client's pending futures are waited for and no new one is accepted.
+_loops: weakref.WeakSet[LoopThread] = weakref.WeakSet()
+_shutting_down = False
+
+
+def interpreter_exiting() -> bool:
+    """Whether the interpreter has begun to exit (no new task is taken)."""
+    return _shutting_down
+
+
+def _python_exit() -> None:
+    global _shutting_down
+    _shutting_down = True
+    loops = list(_loops)
+    for loop in loops:
+        loop.close_when_idle()
+    for loop in loops:
+        loop.join()
+
+
+# Runs before non-daemon threads are joined, while our loop threads still
+# run (the standard executors register their exit hook the same way).
+threading._register_atexit(_python_exit)  # type: ignore[attr-defined]
+
+
+class FutureHandler:
+    """Drives one :class:`concurrent.futures.Future` from its task's answers,
+    on the client's loop: RUNNING once a worker took it, then its result.
+    A cancelled future is told to its waiters once (see
+    ``Future.set_running_or_notify_cancel``)."""
+
+    __slots__ = ("_future", "_notified")
+
+    def __init__(self, future: concurrent.futures.Future[Any]) -> None:
+        self._future = future
+        self._notified = False  # set_running_or_notify_cancel was called
+
+    def accepted(self) -> None:
+        if not self._notified:
+            self._notified = True
+            self._future.set_running_or_notify_cancel()
+
+    def cancelled(self) -> None:
+        """The future was cancelled: wake those who wait on it."""
+        self.accepted()  # returns False and notifies, the future being cancelled
+
+    def resolve(self, result: Result) -> None:
+        future = self._future
+        if future.cancelled():
+            return
+        try:
+            value = outcome(result)
+        except BaseException as exc:  # the task's error, whatever it is
+            settle(future.set_exception, exc)
+        else:
+            settle(future.set_result, value)
+
+
+def settle(setter: Callable[[Any], None], value: Any) -> None:
+    with contextlib.suppress(concurrent.futures.InvalidStateError):
+        setter(value)  # (raises if its owner cancelled it in the meantime)
+
+
+class LoopThread:
+    """A client's loop on a thread of its own, running its connection.
+
+    Holds nothing of the client: the client's finalizer closes it.
+    """
+
+    def __init__(self, locator: Locator) -> None:
+        self._lock = threading.Lock()
+        self._inbox: list[tuple[Submission, bytes, FutureHandler]] = []
+        self._flush_scheduled = False
+        self.outstanding: set[concurrent.futures.Future[Any]] = set()
+        self._crashed: PoolError | None = None
+        self._loop = uvloop.new_event_loop()
+        self._connection: Connection | None = None
+        started: concurrent.futures.Future[None] = concurrent.futures.Future()
+        self._thread = threading.Thread(
+            target=self._run, args=(locator, started), name="pool-client", daemon=True
+        )
+        self._thread.start()
+        try:
+            started.result(CONNECT_TIMEOUT_S)
+        except BaseException:
+            self._thread.join()
+            raise
+        _loops.add(self)
+
+    def _run(self, locator: Locator, started: concurrent.futures.Future[None]) -> None:
+        try:
+            self._loop.run_until_complete(self._main(locator, started))
+        except BaseException as exc:  # a bug of ours: fail what waits, loudly
+            log.exception("the client's connection to %r failed", locator.namespace)
+            crashed = PoolError(f"the client's connection failed: {exc!r}")
+            with self._lock:
+                self._crashed = crashed
+                futures = list(self.outstanding)
+            for future in futures:
+                settle(future.set_exception, crashed)
+        finally:
+            self._loop.close()
+
+    async def _main(
+        self, locator: Locator, started: concurrent.futures.Future[None]
+    ) -> None:
+        try:
+            self._connection = await Connection.open(locator)
+        except BaseException as exc:
+            started.set_exception(exc)
+            return
+        started.set_result(None)
+        await self._connection.run()
+
+    def submit(
+        self,
+        submission: Submission,
+        code: bytes,
+        future: concurrent.futures.Future[Any],
+    ) -> None:
+        handler = FutureHandler(future)
+        with self._lock:
+            if self._crashed is not None:
+                future.set_exception(self._crashed)
+                return
+            self.outstanding.add(future)
+            self._inbox.append((submission, code, handler))
+            if not self._flush_scheduled:
+                self._flush_scheduled = True
+                self._loop.call_soon_threadsafe(self._flush)
+        task_id = submission.task.id
+        future.add_done_callback(lambda f: self._on_done(f, task_id, handler))
+
+    def _on_done(
+        self,
+        future: concurrent.futures.Future[Any],
+        task_id: int,
+        handler: FutureHandler,
+    ) -> None:
+        """Any thread: the future finished, or its owner cancelled it."""
+        with self._lock:
+            self.outstanding.discard(future)
+        if future.cancelled():
+            with contextlib.suppress(RuntimeError):  # closed: nothing pending there
+                self._loop.call_soon_threadsafe(self._cancel, task_id, handler)
+
+    def _flush(self) -> None:
+        with self._lock:
+            inbox, self._inbox = self._inbox, []
+            self._flush_scheduled = False
+        assert self._connection is not None
+        for submission, code, handler in inbox:
+            self._connection.submit(submission, handler, code)
+
+    def _cancel(self, task_id: int, handler: FutureHandler) -> None:
+        assert self._connection is not None
+        self._connection.cancel(task_id)
+        handler.cancelled()
+
+    def cancel_pending(self) -> None:
+        """Cancel every future not yet taken by a worker (any thread)."""
+        with self._lock:
+            futures = list(self.outstanding)
+        for future in futures:
+            future.cancel()
+
+    def close_when_idle(self) -> None:
+        """Stop the loop once every pending future is done (any thread)."""
+        with contextlib.suppress(RuntimeError):  # closed already
+            self._loop.call_soon_threadsafe(self._close)
+
+    def _close(self) -> None:
+        if self._connection is not None:
+            self._connection.close()
+
+    def join(self) -> None:
+        if self._thread is not threading.current_thread():
+            self._thread.join()
