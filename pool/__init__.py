@@ -31,14 +31,14 @@ _HOMES: dict[str, str] = {
     "PoolStopping": "pool.errors",
     "ProtocolMismatch": "pool.errors",
     "WorkerLost": "pool.errors",
-    "ArgumentsTooLarge": "workers.protocol.codec",
-    "BadTask": "workers.protocol.codec",
-    "FunctionNotFound": "workers.protocol.codec",
-    "NotCallable": "workers.protocol.codec",
-    "RemoteError": "workers.protocol.codec",
-    "RemoteTraceback": "workers.protocol.codec",
-    "TaskIdReused": "workers.protocol.codec",
-    "TaskTimeout": "workers.protocol.codec",
+    "ArgumentsTooLarge": "workers.protocol.errors",
+    "BadTask": "workers.protocol.errors",
+    "FunctionNotFound": "workers.protocol.errors",
+    "NotCallable": "workers.protocol.errors",
+    "RemoteError": "workers.protocol.errors",
+    "RemoteTraceback": "workers.protocol.errors",
+    "TaskIdReused": "workers.protocol.errors",
+    "TaskTimeout": "workers.protocol.errors",
 }
 
 if TYPE_CHECKING:
@@ -56,7 +56,7 @@ if TYPE_CHECKING:
         ProtocolMismatch,
         WorkerLost,
     )
-    from workers.protocol.codec import (
+    from workers.protocol.errors import (
         ArgumentsTooLarge,
         BadTask,
         FunctionNotFound,

@@ -26,7 +26,7 @@ from types import ModuleType
 from typing import Any, NamedTuple
 
 from workers.protocol import shipping
-from workers.protocol.codec import BadTask, FunctionNotFound, NotCallable
+from workers.protocol.errors import BadTask, FunctionNotFound, NotCallable
 from workers.protocol.worker_pb2 import Task
 
 Stamp = tuple[int, int] | None  # a source file's (mtime ns, size)

@@ -51,6 +51,7 @@ from grpc import aio
 from workers import imports
 from workers.offload import in_daemon_thread
 from workers.protocol import codec, shipping, worker_pb2_grpc
+from workers.protocol.errors import BadTask, TaskTimeout
 from workers.protocol.outbox import Outbox
 from workers.protocol.worker_pb2 import Failure, Result, ResultBatch, Task, TaskBatch
 
@@ -235,7 +236,7 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
             try:
                 code = stream.shipped.incoming(task.digest, task.code)
             except shipping.ShippingError as exc:
-                failure = codec.failure_of(codec.BadTask(str(exc)), remote=False)
+                failure = codec.failure_of(BadTask(str(exc)), remote=False)
                 stream.outbox.put(_failed(task.id, failure))
                 return
             task.ClearField("code")
@@ -259,7 +260,7 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
             return  # cancelled before it started
         try:
             codec.check_timeout(entry.task)
-        except codec.BadTask as exc:
+        except BadTask as exc:
             self._answer(entry, _failed(entry.task.id, codec.failure_of(exc)))
             return
         fn = imports.found(entry.task)
@@ -272,7 +273,7 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
     async def _find_and_launch(self, entry: _Entry) -> None:
         try:
             fn = await in_daemon_thread(imports.find, entry.task, entry.code)
-        except codec.BadTask as exc:
+        except BadTask as exc:
             self._answer(entry, _failed(entry.task.id, codec.failure_of(exc)))
             return
         if not entry.answered:
@@ -307,7 +308,7 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
             result = Result(id=task.id, value=codec.dump_value(value))
         except asyncio.CancelledError:
             raise  # cancelled by the caller, a timeout or a hang-up: answered there
-        except codec.BadTask as exc:
+        except BadTask as exc:
             result = _failed(task.id, codec.failure_of(exc, remote=False))
         except BaseException as exc:  # a task's SystemExit must not end the worker
             result = _failed(task.id, codec.failure_of(exc))
@@ -366,7 +367,7 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
     def _time_out(self, entry: _Entry) -> None:
         if entry.job is not None:
             entry.job.cancel()
-        timeout = codec.TaskTimeout(entry.task.timeout_s)
+        timeout = TaskTimeout(entry.task.timeout_s)
         self._answer(entry, _failed(entry.task.id, codec.failure_of(timeout)))
 
     def _hand_back(self) -> None:
@@ -418,7 +419,7 @@ def _run_plain(entry: _Entry, max_args_bytes: int) -> Result:
         assert fn is not None, "launched before its callable was found"
         try:
             args, kwargs = codec.load_call(task.args, max_args_bytes)
-        except codec.BadTask as exc:
+        except BadTask as exc:
             return _failed(task.id, codec.failure_of(exc, remote=False))
         try:
             return Result(id=task.id, value=codec.dump_value(fn(*args, **kwargs)))

@@ -48,7 +48,8 @@ from pool.supervisor.orchestration import Options, Supervisor
 from pool.supervisor.view import LiveView, PlainView, View, describe, line
 from pool.supervisor.zygote import sweep_temp_dirs
 from workers.protocol import auth
-from workers.protocol.codec import MAX_ARGS_BYTES, BadTask, TaskError
+from workers.protocol.codec import MAX_ARGS_BYTES
+from workers.protocol.errors import BadTask, TaskError
 from workers.serving import LOOPBACK, MAX_ARGS_LIMIT, CannotListen, check_host
 
 DOWN_TIMEOUT_S = 60.0

@@ -51,6 +51,7 @@ from pool.dispatcher_pb2 import (
 )
 from workers import serving
 from workers.protocol import auth, codec, shipping
+from workers.protocol.errors import BadTask
 from workers.protocol.outbox import Outbox
 from workers.protocol.worker_pb2 import Result, ResultBatch
 from workers.serving import TLS_KEY
@@ -117,7 +118,7 @@ class ClientStream:
             try:
                 code = self._shipped.incoming(task.digest, task.code)
             except shipping.ShippingError as exc:
-                self._refuse(task.id, codec.BadTask(str(exc)))
+                self._refuse(task.id, BadTask(str(exc)))
                 return None
             task.ClearField("code")  # the job keeps the one copy
         if task.id in self.jobs:

@@ -8,6 +8,7 @@ import pytest
 from pool.client.core import CHUNK_TARGET_S, MAX_CHUNK_BYTES, MIN_CHUNKS, auto_chunksize
 from tests import sample_tasks
 from workers.protocol import codec
+from workers.protocol.errors import RemoteTraceback
 
 
 def test_a_chunk_grows_while_calls_are_short() -> None:
@@ -38,4 +39,4 @@ def test_a_chunk_keeps_each_calls_value_and_exception() -> None:
     assert next(items) == 1
     with pytest.raises(ValueError, match="2 is bad") as raised:
         next(items)
-    assert isinstance(raised.value.__cause__, codec.RemoteTraceback)
+    assert isinstance(raised.value.__cause__, RemoteTraceback)

@@ -14,7 +14,8 @@ from pool.client.connection import Ledger
 from pool.client.core import Submissions
 from tests import sample_tasks
 from workers import imports
-from workers.protocol import codec, shipping
+from workers.protocol import shipping
+from workers.protocol.errors import FunctionNotFound
 from workers.protocol.worker_pb2 import Task
 
 pytestmark = pytest.mark.timeout(10)
@@ -115,7 +116,7 @@ def test_a_shipped_function_needing_a_missing_module_says_where_workers_look() -
         b"tests.sample_tasks", b"tests.sample_taskz"
     )
     task = Task(digest=hashlib.sha256(code).digest())
-    with pytest.raises(codec.FunctionNotFound) as raised:
+    with pytest.raises(FunctionNotFound) as raised:
         imports.find(task, code)
     message = str(raised.value)
     assert "'tests.sample_taskz'" in message and "sys.path[0]=" in message

@@ -10,6 +10,7 @@ import pytest
 from pool import TaskTimeout
 from tests import sample_tasks
 from workers.protocol import codec
+from workers.protocol.errors import ArgumentsTooLarge, BadTask
 
 pytestmark = pytest.mark.timeout(10)
 
@@ -19,11 +20,11 @@ def test_calls_round_trip_and_bad_ones_are_refused() -> None:
     are a BadTask of the right kind."""
     data = codec.dump_call((1, "a"), {"k": [2]})
     assert codec.load_call(data) == ((1, "a"), {"k": [2]})
-    with pytest.raises(codec.ArgumentsTooLarge, match="over the worker's limit of 4"):
+    with pytest.raises(ArgumentsTooLarge, match="over the worker's limit of 4"):
         codec.load_call(data, max_bytes=4)
-    with pytest.raises(codec.BadTask, match="do not unpickle"):
+    with pytest.raises(BadTask, match="do not unpickle"):
         codec.load_call(b"\x80\x05junk")
-    with pytest.raises(codec.BadTask, match=r"pickled \(tuple, dict\) pair"):
+    with pytest.raises(BadTask, match=r"pickled \(tuple, dict\) pair"):
         codec.load_call(pickle.dumps([1, 2]))
 
 

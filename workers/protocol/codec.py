@@ -24,89 +24,21 @@ import pickle
 import time
 import traceback
 from collections.abc import Callable, Iterator
-from typing import Any, ClassVar, Final, NamedTuple
+from typing import Any, Final, NamedTuple
 
 import grpc
 
 from workers.protocol import shipping
+from workers.protocol.errors import (
+    ArgumentsTooLarge,
+    BadTask,
+    RemoteError,
+    RemoteTraceback,
+    TaskIdReused,
+)
 from workers.protocol.worker_pb2 import Failure, Task
 
 MAX_ARGS_BYTES: Final = 64 * 1024 * 1024
-
-
-class TaskError(Exception):
-    """Root of the errors about a task itself (not what the task raised)."""
-
-
-class BadTask(TaskError, ValueError):
-    """A task cannot be run as sent: fix the call, a retry will not help.
-
-    ``status`` is the gRPC status code that names the condition; this base
-    class is a malformed task (INVALID_ARGUMENT).
-    """
-
-    status: ClassVar[grpc.StatusCode] = grpc.StatusCode.INVALID_ARGUMENT
-
-
-class FunctionNotFound(BadTask):
-    """The task's module does not import, or has no such qualname."""
-
-    status = grpc.StatusCode.NOT_FOUND
-
-
-class NotCallable(BadTask):
-    """The task names something that is not a callable."""
-
-
-class ArgumentsTooLarge(BadTask):
-    """The task's pickled arguments are over the worker's limit."""
-
-    status = grpc.StatusCode.RESOURCE_EXHAUSTED
-
-
-class TaskIdReused(BadTask):
-    """The task's id is already in flight on its stream."""
-
-    status = grpc.StatusCode.ALREADY_EXISTS
-
-
-class TaskTimeout(TaskError, TimeoutError):
-    """The task ran over its time limit (``task_timeout_s``).
-
-    A coroutine task is cancelled; a plain function cannot be interrupted,
-    so its thread stays busy (and counted so) until the call returns.
-    """
-
-    status: ClassVar[grpc.StatusCode] = grpc.StatusCode.DEADLINE_EXCEEDED
-
-    def __init__(self, timeout_s: float) -> None:
-        super().__init__(timeout_s)
-        self.timeout_s = timeout_s
-
-    def __str__(self) -> str:
-        return f"the task ran over its {self.timeout_s:g} s"
-
-
-class RemoteError(TaskError):
-    """A task raised an exception that could not be rebuilt here.
-
-    ``type_name`` is the remote exception's type; the message is its text.
-    """
-
-    def __init__(self, type_name: str, message: str) -> None:
-        self.type_name = type_name
-        super().__init__(f"{type_name}: {message}")
-
-
-class RemoteTraceback(Exception):
-    """The traceback of an exception raised in a worker, as text."""
-
-    def __init__(self, tb: str) -> None:
-        self.tb = tb
-        super().__init__(tb)
-
-    def __str__(self) -> str:
-        return f'\n"""\n{self.tb}"""'
 
 
 def dump_call(
