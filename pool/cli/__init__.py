@@ -40,7 +40,7 @@ from discovery import (
 from discovery.errors import InvalidNamespace
 from pool.client.executor import Client
 from pool.client.rendezvous import Locator, locate
-from pool.dispatcher.routing import MAX_QUEUED
+from pool.dispatcher.queue import MAX_QUEUED
 from pool.dispatcher_pb2 import ListWorkersRequest
 from pool.dispatcher_pb2_grpc import DispatcherStub
 from pool.errors import PoolError, PoolNotRunning

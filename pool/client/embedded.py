@@ -25,7 +25,7 @@ from typing import Final
 import uvloop
 
 from pool.client.executor import Client
-from pool.dispatcher.routing import MAX_QUEUED
+from pool.dispatcher.queue import MAX_QUEUED
 from pool.errors import PoolError
 from pool.supervisor.orchestration import Options, Supervisor
 from pool.supervisor.view import PlainView

@@ -6,7 +6,7 @@ tasks the router gives it (and cancels), many per message, and the caller
 of ``run`` reading the worker's batches back into the router (tasks taken,
 then results). ``run`` returns when the stream ends, however it ends; the
 router then requeues what the worker did not answer. Created and run by
-:class:`pool.dispatcher.routing.Router`.
+:class:`pool.dispatcher.placement.Router`.
 """
 
 from __future__ import annotations
@@ -26,7 +26,8 @@ from workers.protocol.worker_pb2_grpc import WorkerStub
 from workers.serving import GRPC_OPTIONS, TLS_KEY
 
 if TYPE_CHECKING:
-    from pool.dispatcher.routing import Job, Router
+    from pool.dispatcher.jobs import Job
+    from pool.dispatcher.placement import Router
 
 log = logging.getLogger("pool.dispatcher.server")
 

@@ -52,7 +52,7 @@ from typing import Any, Final
 from discovery import LocalDiscovery, NamespaceInUse, backends, paths, sweep_dead
 from pool.client import rendezvous
 from pool.client.rendezvous import ADDRESS_FILE
-from pool.dispatcher.routing import MAX_QUEUED
+from pool.dispatcher.queue import MAX_QUEUED
 from pool.errors import PoolAlreadyRunning
 from pool.supervisor.children import (
     START_TIMEOUT_S,

@@ -9,7 +9,7 @@ import pytest
 
 from pool import Client
 from pool.client.connection import MAX_BATCH_TASKS
-from pool.dispatcher.server import MAX_STREAM_TASKS
+from pool.dispatcher.service import MAX_STREAM_TASKS
 from pool.dispatcher_pb2 import ListWorkersRequest
 from tests import sample_tasks
 from tests.helpers import wait_until

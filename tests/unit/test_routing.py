@@ -15,7 +15,8 @@ import pytest
 
 from discovery import DiscoveryEvent, WorkerInfo
 from pool import NoWorkerAvailable, PoolStopping, WorkerLost
-from pool.dispatcher.routing import MAX_UNTAKEN_LOSSES, Job, Router
+from pool.dispatcher.jobs import Job
+from pool.dispatcher.placement import MAX_UNTAKEN_LOSSES, Router
 from workers.protocol import codec
 from workers.protocol.worker_pb2 import Result, Task
 

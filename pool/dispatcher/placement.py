@@ -1,11 +1,12 @@
 """Routing tasks to the workers discovery finds: the dispatcher's logic.
 
-:class:`Router` owns the queue of tasks waiting for a worker and one
-:class:`Link` per discovered worker (a stream to it; the real one is
-:class:`pool.dispatcher.links.WorkerLink`). It places each task on the least-loaded
-ready worker whose tags include the task's, never past the worker's
-``capacity``. Caller: :mod:`pool.dispatcher.server`, on its loop; the unit tests
-drive it with fake links.
+:class:`Router` owns the queue of tasks waiting for a worker
+(:mod:`pool.dispatcher.queue`) and one :class:`~pool.dispatcher.jobs.Link`
+per discovered worker (the real one is
+:class:`~pool.dispatcher.links.WorkerLink`). It places each task on the
+least-loaded ready worker whose tags include the task's, never past the
+worker's ``capacity``. Caller: :mod:`pool.dispatcher.server`, on its loop;
+the unit tests drive it with fake links.
 
 Attempts. A worker tells the router which tasks it has *taken* before it
 starts any of them. When a worker is lost (its stream ends, or it is
@@ -16,9 +17,8 @@ task fails with :class:`~pool.errors.WorkerLost`, which says how each
 worker died. A task lost untaken :data:`MAX_UNTAKEN_LOSSES` times fails
 too, so that nothing is retried forever.
 
-Bounds. At most ``max_queued`` tasks wait; :attr:`Router.room` is clear
-while the queue is full, and the client streams stop reading until it is
-set again. A task with no matching ready worker fails with
+Bounds. At most ``max_queued`` tasks wait (:attr:`Router.room`). A task
+with no matching ready worker fails with
 :class:`~pool.errors.NoWorkerAvailable` after ``no_worker_timeout_s``.
 
 Stopping. :meth:`Router.stop_taking` (the pool drains) fails every queued
@@ -26,9 +26,10 @@ task with :class:`~pool.errors.PoolStopping` at once, and every task
 submitted later; tasks on workers finish and are delivered.
 :meth:`Router.finish` waits a bounded time for them, then fails the rest.
 
-Every background task (the links, the expiry ticker, failures that wait
-for an exit report) runs in the task group the router holds while it is
-entered (``async with Router(...) as router``).
+Every background task (the links, the expiry ticker, the grace of a
+dropped worker's stream, failures that wait for an exit report) runs in
+the task group the router holds while it is entered (``async with
+Router(...) as router``).
 """
 
 from __future__ import annotations
@@ -37,78 +38,30 @@ import asyncio
 import contextlib
 import itertools
 import time
-from collections import deque
 from collections.abc import Callable, Coroutine, Iterable
-from dataclasses import dataclass, field
 from types import TracebackType
-from typing import Any, Final, Protocol, Self, assert_never
+from typing import Any, Final, Self, assert_never
 from uuid import UUID
 
 import grpc
 
 from discovery import DiscoveryEvent, WorkerInfo
+from pool.dispatcher.exits import Exits
+from pool.dispatcher.jobs import Job, Link
+from pool.dispatcher.queue import MAX_QUEUED, TaskQueue
 from pool.errors import NoWorkerAvailable, PoolStopping, WorkerLost
 from workers.protocol import codec
-from workers.protocol.worker_pb2 import Result, Task
+from workers.protocol.worker_pb2 import Result
 
 NO_WORKER_TIMEOUT_S: Final = 30.0
 MAX_ATTEMPTS: Final = 3
 MAX_UNTAKEN_LOSSES: Final = 10
-MAX_QUEUED: Final = 100_000
 RECONNECT_DELAY_S: Final = 0.5
 LEAVE_GRACE_S: Final = 5.0  # a dropped worker's stream may finish this long
-EXIT_REPORT_WAIT_S: Final = 1.0
-EXITS_KEPT: Final = 1024
 EXPIRE_EVERY_S: Final = 1.0
 
 
-class Owner(Protocol):
-    """Whoever submitted a job (a client stream) and hears of its fate."""
-
-    def on_accepted(self, job: Job) -> None: ...
-    def on_result(self, job: Job, result: Result) -> None: ...
-
-
-class Link(Protocol):
-    """A stream to one worker, as the router uses it."""
-
-    info: WorkerInfo
-    in_flight: dict[int, Job]  # by the dispatcher's task id
-    done: int
-    dropped: bool  # discovery dropped the worker; its stream may still finish
-
-    @property
-    def ready(self) -> bool: ...
-    @property
-    def free(self) -> int: ...
-    def send(self, job: Job) -> None: ...
-    def withdraw(self, job: Job) -> bool: ...
-    def cancel(self, task_id: int) -> None: ...
-    async def run(self) -> None: ...
-    def close(self) -> None: ...
-
-
 Connect = Callable[[WorkerInfo, "Router"], Link]
-
-
-@dataclass(eq=False, slots=True)
-class Job:
-    """A task in the dispatcher's hands, from submission to its result."""
-
-    task: Task  # its id is the dispatcher's own
-    tags: frozenset[str]
-    owner: Owner
-    client_id: int
-    code: bytes = (
-        b""  # its function's pickle, if it ships one (workers.protocol.shipping)
-    )
-    attempts: int = 0  # workers lost after they had taken it
-    untaken_losses: int = 0  # workers lost before they took it
-    lost_on: list[WorkerInfo] = field(default_factory=list)
-    unplaceable_since: float | None = None
-    link: Link | None = None
-    taken: bool = False  # its current link's worker took it
-    finished: bool = False  # answered (or cancelled while queued)
 
 
 class Router:
@@ -129,29 +82,26 @@ class Router:
         max_attempts: int = MAX_ATTEMPTS,
         max_queued: int = MAX_QUEUED,
     ) -> None:
-        if max_attempts < 1 or max_queued < 1:
-            raise ValueError("max_attempts and max_queued must be at least 1")
+        if max_attempts < 1:
+            raise ValueError(f"max_attempts must be at least 1, got {max_attempts}")
         self.namespace = namespace
         self._connect = connect
         self._is_alive = is_alive
         self._no_worker_timeout_s = no_worker_timeout_s
         self._max_attempts = max_attempts
-        self.max_queued = max_queued
         self._ids = itertools.count(1)
         self.links: dict[UUID, Link] = {}  # registered workers
         self._open: set[Link] = set()  # every link whose stream still runs
         self._refusing: set[Link] = set()  # answered UNAVAILABLE since its last news
-        self.queue: deque[Job] = deque()
-        self.queued = 0  # jobs in the queue not finished (cancelled ones linger)
-        self.room = asyncio.Event()  # set while fewer than max_queued wait
-        self.room.set()
+        self.queue = TaskQueue(max_queued)
         self.stopping = False
+        self._stack = contextlib.AsyncExitStack()  # holds the task group
         self._group: asyncio.TaskGroup | None = None
         self._expiring: asyncio.Task[None]
+        self._graces: set[asyncio.Task[None]] = set()  # of dropped workers' links
         self._closed = False
         self._settled = asyncio.Event()  # stopping, and no worker has a task
-        self._exits: dict[int, str] = {}  # pid -> how it ended, newest last
-        self._exit_waiters: dict[int, asyncio.Event] = {}
+        self._exits = Exits()
         self._started = False  # every worker of the pool has started once
 
     # -- lifetime ------------------------------------------------------------
@@ -159,8 +109,7 @@ class Router:
     async def __aenter__(self) -> Self:
         """Start owning the links and timers (in a task group of the
         entering task, which an error in any of them cancels)."""
-        group = asyncio.TaskGroup()
-        await group.__aenter__()
+        group = await self._stack.enter_async_context(asyncio.TaskGroup())
         self._group = group
         self._expiring = group.create_task(self._expire_every(EXPIRE_EVERY_S))
         return self
@@ -172,16 +121,17 @@ class Router:
         tb: TracebackType | None,
     ) -> None:
         """Close every link and wait for all of it to end."""
-        assert self._group is not None
         self._closed = True
         self._expiring.cancel()
+        for grace in self._graces:
+            grace.cancel()
         for link in list(self._open):
             link.close()
-        await self._group.__aexit__(exc_type, exc, tb)
+        await self._stack.__aexit__(exc_type, exc, tb)
 
-    def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
+    def _spawn(self, coro: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
         assert self._group is not None, "use the router inside `async with`"
-        self._group.create_task(coro)
+        return self._group.create_task(coro)
 
     # -- discovery -----------------------------------------------------------
 
@@ -197,8 +147,9 @@ class Router:
             case "worker-dropped":
                 if (link := self.links.pop(info.uid, None)) is not None:
                     link.dropped = True  # takes nothing more; may still answer
-                    loop = asyncio.get_running_loop()
-                    loop.call_later(LEAVE_GRACE_S, link.close)
+                    grace = self._spawn(_close_after(link, LEAVE_GRACE_S))
+                    self._graces.add(grace)
+                    grace.add_done_callback(self._graces.discard)
             case _:
                 assert_never(event.type)
         self.pump()
@@ -256,36 +207,22 @@ class Router:
             elif self.stopping:
                 self._fail(job, PoolStopping(self.namespace, _why_stopped(taken)))
             else:
-                self._enqueue(job, front=True)
+                self.queue.push(job, front=True)
         self._check_settled()
 
     async def _fail_lost(self, job: Job) -> None:
         """Fail a task that lost its worker too often, saying how each died
         (waiting a moment for the supervisor's report of the last death)."""
-        last = job.lost_on[-1].pid
-        if last not in self._exits:
-            waiter = self._exit_waiters.setdefault(last, asyncio.Event())
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(EXIT_REPORT_WAIT_S):
-                    await waiter.wait()
-            self._exit_waiters.pop(last, None)
+        await self._exits.wait_for(job.lost_on[-1].pid)
         self._fail(job, self._lost_error(job))
 
     def _lost_error(self, job: Job) -> WorkerLost:
-        workers = tuple(
-            f"worker pid {info.pid} ({str(info.uid)[:8]}): "
-            f"{self._exits.get(info.pid, 'ended, how unknown')}"
-            for info in job.lost_on
-        )
+        workers = tuple(self._exits.describe(info) for info in job.lost_on)
         return WorkerLost(job.attempts, workers)
 
     def record_exit(self, pid: int, status: str) -> None:
         """The supervisor's word on how worker ``pid`` ended."""
-        self._exits[pid] = status
-        while len(self._exits) > EXITS_KEPT:
-            self._exits.pop(next(iter(self._exits)))
-        if (waiter := self._exit_waiters.get(pid)) is not None:
-            waiter.set()
+        self._exits.record(pid, status)
 
     # -- tasks ---------------------------------------------------------------
 
@@ -300,21 +237,18 @@ class Router:
             error = NoWorkerAvailable(tuple(sorted(job.tags)), 0.0, known)
             self._fail(job, error, grpc.StatusCode.DEADLINE_EXCEEDED)
         else:
-            self._enqueue(job)
+            self.queue.push(job)
 
     def started(self) -> None:
         """Every worker of the pool has started (the supervisor says so): from
         now on, a task whose tags no registered worker has fails at once."""
         self._started = True
-        keep: deque[Job] = deque()
-        for job in self.queue:
-            if not job.finished and (known := self._unmatched(job)) is not None:
-                self._dequeued()
-                error = NoWorkerAvailable(tuple(sorted(job.tags)), 0.0, known)
-                self._fail(job, error, grpc.StatusCode.DEADLINE_EXCEEDED)
-            elif not job.finished:
-                keep.append(job)
-        self.queue = keep
+        for job in self.queue.remove_where(
+            lambda job: self._unmatched(job) is not None
+        ):
+            known = self._unmatched(job)
+            error = NoWorkerAvailable(tuple(sorted(job.tags)), 0.0, known)
+            self._fail(job, error, grpc.StatusCode.DEADLINE_EXCEEDED)
 
     def _unmatched(self, job: Job) -> tuple[str, ...] | None:
         """The tags the registered workers have, if the pool has started and
@@ -326,19 +260,15 @@ class Router:
         tags = (link.info.tags for link in self.links.values())
         return tuple(sorted(frozenset().union(*tags)))
 
-    def _enqueue(self, job: Job, front: bool = False) -> None:
-        if front:
-            self.queue.appendleft(job)
-        else:
-            self.queue.append(job)
-        self.queued += 1
-        if self.queued >= self.max_queued:
-            self.room.clear()
+    @property
+    def queued(self) -> int:
+        """Tasks waiting for a worker."""
+        return self.queue.waiting
 
-    def _dequeued(self) -> None:
-        self.queued -= 1
-        if self.queued < self.max_queued:
-            self.room.set()
+    @property
+    def room(self) -> asyncio.Event:
+        """Set while the queue has room (see :class:`TaskQueue`)."""
+        return self.queue.room
 
     def cancel(self, job: Job) -> None:
         """Cancel a task: at once if no worker has it, else through its worker."""
@@ -346,7 +276,7 @@ class Router:
             return
         link = job.link
         if link is None:  # queued: it leaves the queue when the pump meets it
-            self._dequeued()
+            self.queue.leave()
             self._deliver(job, Result(id=job.task.id, failure=codec.cancelled()))
         elif link.withdraw(job):  # not written to the worker yet
             del link.in_flight[job.task.id]
@@ -397,7 +327,7 @@ class Router:
             if self.stopping:
                 self._fail(job, PoolStopping(self.namespace))
             else:
-                self._enqueue(job, front=True)
+                self.queue.push(job, front=True)
         else:
             link.done += 1
             self._deliver(job, result)
@@ -411,22 +341,14 @@ class Router:
             for link in self.links.values()
             if link.ready and link not in self._refusing
         ]
-        free = sum(max(link.free, 0) for link in ready)
-        waiting: deque[Job] = deque()
-        while self.queue and free > 0:
-            job = self.queue.popleft()
-            if job.finished:
-                continue  # cancelled while it waited (counted out then)
+
+        def choose(job: Job) -> Link | None:
             open_ = [
                 link for link in ready if link.free > 0 and job.tags <= link.info.tags
             ]
-            if not open_:
-                waiting.append(job)
-                continue
-            self._dequeued()
-            min(open_, key=_load).send(job)
-            free -= 1
-        self.queue.extendleft(reversed(waiting))  # skipped jobs keep their place
+            return min(open_, key=_load) if open_ else None
+
+        self.queue.place(sum(max(link.free, 0) for link in ready), choose)
 
     def expire(self) -> None:
         """Fail the tasks that have had no matching ready worker for too long.
@@ -436,21 +358,20 @@ class Router:
         """
         now, limit = time.monotonic(), self._no_worker_timeout_s
         ready = [link.info.tags for link in self.links.values() if link.ready]
-        keep: deque[Job] = deque()
-        for job in self.queue:
-            if job.finished:
-                continue
+
+        def expired(job: Job) -> bool:
             if any(job.tags <= tags for tags in ready):
                 job.unplaceable_since = None
             elif job.unplaceable_since is None:
                 job.unplaceable_since = now
-            elif now - job.unplaceable_since >= limit:
-                self._dequeued()
-                error = NoWorkerAvailable(tuple(sorted(job.tags)), limit)
-                self._fail(job, error, grpc.StatusCode.DEADLINE_EXCEEDED)
-                continue
-            keep.append(job)
-        self.queue = keep
+            return (
+                job.unplaceable_since is not None
+                and now - job.unplaceable_since >= limit
+            )
+
+        for job in self.queue.remove_where(expired):
+            error = NoWorkerAvailable(tuple(sorted(job.tags)), limit)
+            self._fail(job, error, grpc.StatusCode.DEADLINE_EXCEEDED)
 
     async def _expire_every(self, interval_s: float) -> None:
         while True:
@@ -464,11 +385,8 @@ class Router:
         if self.stopping:
             return
         self.stopping = True
-        queue, self.queue = self.queue, deque()
-        for job in queue:
-            if not job.finished:
-                self._dequeued()
-                self._fail(job, PoolStopping(self.namespace))
+        for job in self.queue.remove_where(lambda job: True):
+            self._fail(job, PoolStopping(self.namespace))
         self._check_settled()
 
     def _check_settled(self) -> None:
@@ -499,3 +417,11 @@ def _why_stopped(taken: bool) -> str:
 
 def _load(link: Link) -> float:
     return len(link.in_flight) / link.info.capacity
+
+
+async def _close_after(link: Link, grace_s: float) -> None:
+    """Close a dropped worker's link once its stream had ``grace_s`` to end."""
+    try:
+        await asyncio.sleep(grace_s)  # the grace itself, not a wait for an event
+    finally:
+        link.close()

@@ -1,0 +1,58 @@
+"""What the dispatcher's parts pass each other: a :class:`Job` (a task from
+its submission to its result), the :class:`Owner` that hears of its fate
+(a client stream) and the :class:`Link` that carries it to a worker.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from discovery import WorkerInfo
+from workers.protocol.worker_pb2 import Result, Task
+
+
+class Owner(Protocol):
+    """Whoever submitted a job (a client stream) and hears of its fate."""
+
+    def on_accepted(self, job: Job) -> None: ...
+    def on_result(self, job: Job, result: Result) -> None: ...
+
+
+class Link(Protocol):
+    """A stream to one worker, as the router uses it."""
+
+    info: WorkerInfo
+    in_flight: dict[int, Job]  # by the dispatcher's task id
+    done: int
+    dropped: bool  # discovery dropped the worker; its stream may still finish
+
+    @property
+    def ready(self) -> bool: ...
+    @property
+    def free(self) -> int: ...
+    def send(self, job: Job) -> None: ...
+    def withdraw(self, job: Job) -> bool: ...
+    def cancel(self, task_id: int) -> None: ...
+    async def run(self) -> None: ...
+    def close(self) -> None: ...
+
+
+@dataclass(eq=False, slots=True)
+class Job:
+    """A task in the dispatcher's hands, from submission to its result."""
+
+    task: Task  # its id is the dispatcher's own
+    tags: frozenset[str]
+    owner: Owner
+    client_id: int
+    code: bytes = (
+        b""  # its function's pickle, if it ships one (workers.protocol.shipping)
+    )
+    attempts: int = 0  # workers lost after they had taken it
+    untaken_losses: int = 0  # workers lost before they took it
+    lost_on: list[WorkerInfo] = field(default_factory=list)
+    unplaceable_since: float | None = None
+    link: Link | None = None
+    taken: bool = False  # its current link's worker took it
+    finished: bool = False  # answered (or cancelled while queued)
