@@ -7,6 +7,8 @@ the client pickled, so each keeps its constructor's arguments in ``args``
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 
 class PoolError(Exception):
     """Root of every error this package raises."""
@@ -126,3 +128,12 @@ class WorkerLost(PoolError):
             f"the task was lost with its worker {self.attempts} time(s) "
             f"({'; '.join(self.workers)}); not retrying it"
         )
+
+
+def leaves(error: BaseException) -> Iterator[BaseException]:
+    """The errors an exception group holds, however nested (or the error)."""
+    if isinstance(error, BaseExceptionGroup):
+        for inner in error.exceptions:
+            yield from leaves(inner)
+    else:
+        yield error

@@ -1,53 +1,103 @@
-"""Running a blocking call off the event loop without holding up the exit.
+"""Blocking calls off the event loop, on threads their owner bounds and ends.
 
 ``asyncio.to_thread`` uses the loop's default executor, whose threads the
 interpreter joins at exit and which refuses work once the interpreter has
-begun to exit. :func:`in_daemon_thread` runs one call in a daemon thread of
-its own instead: an import that never returns does not keep a worker
-alive, and an embedded pool can still close its registry from an atexit
-hook. Callers: :mod:`workers.service`, :mod:`pool.supervisor.orchestration`.
+begun to exit. An :class:`Offload` runs each call on a daemon thread of its
+own instead, at most ``max_threads`` at once (a further call waits on the
+loop): an import that never returns does not keep a worker alive, and an
+embedded pool can still close its registry from an atexit hook. Its owner
+ends it with :meth:`Offload.aclose`, which waits a bounded time for the
+calls still running and joins their threads. Owners: the worker's service
+(imports, large arguments), the supervisor (the registry, sweeps) and a
+client's connection (finding its pool).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import threading
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Any, Final, TypeVar
 
 T = TypeVar("T")
 
+MAX_THREADS: Final = 8
+JOIN_S: Final = 1.0
 
-async def in_daemon_thread(fn: Callable[..., T], *args: Any) -> T:
-    """``fn(*args)`` in a new daemon thread, awaited on this loop.
 
-    Unlike ``asyncio.to_thread``, a call that never returns (an import that
-    hangs) does not hold up the process's exit.
-    """
-    loop = asyncio.get_running_loop()
-    future: asyncio.Future[T] = loop.create_future()
+class Offload:
+    """Runs blocking calls on threads it owns; see the module docstring."""
 
-    def run() -> None:
-        try:
-            value = fn(*args)
-        except BaseException as exc:  # handed to the awaiting task, whatever it is
-            deliver = functools.partial(_set_exception, future, exc)
+    def __init__(self, name: str = "offload", max_threads: int = MAX_THREADS) -> None:
+        if max_threads < 1:
+            raise ValueError(f"max_threads must be at least 1, got {max_threads}")
+        self._name = name
+        self._slots = asyncio.Semaphore(max_threads)
+        self._running: dict[threading.Thread, asyncio.Future[None]] = {}
+        self._closed = False
+
+    async def run(self, fn: Callable[..., T], *args: Any) -> T:
+        """``fn(*args)`` on a thread of this offload, awaited here.
+
+        :raises RuntimeError: once closed.
+        """
+        if self._closed:
+            raise RuntimeError(f"{self._name} is closed")
+        async with self._slots:
+            loop = asyncio.get_running_loop()
+            answer: asyncio.Future[T] = loop.create_future()
+            ended: asyncio.Future[None] = loop.create_future()
+            thread = threading.Thread(
+                target=_call, args=(loop, answer, ended, fn, args), daemon=True
+            )
+            thread.name = self._name
+            self._running[thread] = ended
+            ended.add_done_callback(lambda _: self._forget(thread))
+            thread.start()
+            return await answer
+
+    def _forget(self, thread: threading.Thread) -> None:
+        """A thread has returned from its call: join it (at once)."""
+        self._running.pop(thread, None)
+        thread.join()
+
+    async def aclose(self, join_s: float = JOIN_S) -> None:
+        """Take no more calls; wait up to ``join_s`` for those running, and
+        join their threads (one still stuck stays a daemon). Never raises."""
+        self._closed = True
+        if self._running:
+            await asyncio.wait(list(self._running.values()), timeout=join_s)
+
+
+def _call(
+    loop: asyncio.AbstractEventLoop,
+    answer: asyncio.Future[Any],
+    ended: asyncio.Future[None],
+    fn: Callable[..., Any],
+    args: tuple[Any, ...],
+) -> None:
+    """The thread: run the call, then hand its outcome to the loop."""
+    try:
+        value = fn(*args)
+    except BaseException as exc:  # handed to the awaiting task, whatever it is
+        outcome: tuple[Any, BaseException | None] = (None, exc)
+    else:
+        outcome = (value, None)
+    with contextlib.suppress(RuntimeError):  # the loop is gone
+        loop.call_soon_threadsafe(_settle, answer, ended, outcome)
+
+
+def _settle(
+    answer: asyncio.Future[Any],
+    ended: asyncio.Future[None],
+    outcome: tuple[Any, BaseException | None],
+) -> None:
+    value, error = outcome
+    if not answer.done():
+        if error is not None:
+            answer.set_exception(error)
         else:
-            deliver = functools.partial(_set_result, future, value)
-        with contextlib.suppress(RuntimeError):  # the loop is gone
-            loop.call_soon_threadsafe(deliver)
-
-    threading.Thread(target=run, name="offload", daemon=True).start()
-    return await future
-
-
-def _set_result(future: asyncio.Future[T], value: T) -> None:
-    if not future.done():
-        future.set_result(value)
-
-
-def _set_exception(future: asyncio.Future[Any], exc: BaseException) -> None:
-    if not future.done():
-        future.set_exception(exc)
+            answer.set_result(value)
+    if not ended.done():
+        ended.set_result(None)

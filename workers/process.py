@@ -23,7 +23,6 @@ another.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import contextlib
 import dataclasses
@@ -41,170 +40,35 @@ from grpc_health.v1 import health, health_pb2_grpc
 import discovery
 from discovery import DiscoveryError, Status, WorkerInfo, backends, paths
 from workers import imports, serving
-from workers.protocol import auth, codec, worker_pb2_grpc
+from workers.protocol import auth, worker_pb2_grpc
 from workers.service import WorkerService
+from workers.settings import WorkerSettings, parse
 
 log = logging.getLogger("workers")
 
 REPORT_INTERVAL_S: Final = 1.0
-# Like Celery's worker_prefetch_multiplier: one task message per task caps a
-# pool near 3,000 tasks/s here; taking a few per slot lets each message carry
-# several and hides the dispatcher's round trip.
-PREFETCH: Final = 4
 # While tasks run under a millisecond (workers.service), a worker takes this
 # many times more: the tasks of a message, and so the messages per task,
 # are what a no-op task costs.
 SHORT_PREFETCH: Final = 8
 
 
-@dataclasses.dataclass(frozen=True)
-class Config:
-    namespace: str
-    concurrency: int
-    prefetch: int
-    host: str | None
-    tags: frozenset[str]
-    grace_s: float
-    parent_fd: int | None
-    ready_fd: int | None
-    max_args_bytes: int = codec.MAX_ARGS_BYTES
-    output_fd: int | None = None
-    paths: tuple[str, ...] = ()
-    reload: bool = False
-    discovery_url: str | None = None  # None: the namespace's shared memory
-    port: int = 0  # with host: 0 for a free one
-    advertise: str | None = None  # HOST[:PORT] published instead of the bound one
-    token_file: str | None = None  # else $SHMPOOL_TOKEN, else this host's pool's
-    tls: tuple[str, str] | None = None  # certificate and key files (PEM)
-
-
-def parse_args(argv: Sequence[str] | None = None) -> Config:
-    parser = argparse.ArgumentParser(
-        prog="python -m workers",
-        description="Run one shm-pool worker: a gRPC server that runs tasks and "
-        "publishes itself into the namespace's registry. Usually started by "
-        "`python -m pool up`; the namespace must exist (the pool creates it).",
-    )
-    parser.add_argument("--namespace", default="default", help="pool namespace")
-    parser.add_argument(
-        "--concurrency",
-        type=int,
-        default=1,
-        help="tasks run at once: threads for plain functions (default 1)",
-    )
-    parser.add_argument(
-        "--prefetch",
-        type=int,
-        default=PREFETCH,
-        help="tasks taken per running slot, so the next is already here when one "
-        f"ends: the worker's capacity is concurrency x prefetch (default {PREFETCH})",
-    )
-    parser.add_argument(
-        "--host",
-        nargs="?",
-        const=serving.LOOPBACK,
-        help="listen on TCP HOST:<free port> instead of a unix socket (HOST "
-        f"defaults to {serving.LOOPBACK}; every call still needs the token)",
-    )
-    parser.add_argument(
-        "--tags", default="", help="comma-separated labels tasks may require"
-    )
-    parser.add_argument(
-        "--grace-s",
-        type=float,
-        default=30.0,
-        help="on SIGTERM, how long to finish running tasks (default 30)",
-    )
-    parser.add_argument(
-        "--max-args-bytes",
-        type=int,
-        default=codec.MAX_ARGS_BYTES,
-        help="refuse a task whose pickled arguments are larger, with "
-        f"RESOURCE_EXHAUSTED (default {codec.MAX_ARGS_BYTES})",
-    )
-    parser.add_argument(
-        "--parent-fd",
-        type=int,
-        help="a pidfd (inherited) of the process whose death ends this worker",
-    )
-    parser.add_argument(
-        "--ready-fd", type=int, help="write the READY line here, not to stdout"
-    )
-    parser.add_argument(
-        "--output-fd",
-        type=int,
-        help="send stdout and stderr here (inherited), line by line",
-    )
-    parser.add_argument(
-        "--path",
-        action="append",
-        default=[],
-        metavar="DIR",
-        help="import task modules from DIR first (repeatable)",
-    )
-    parser.add_argument(
-        "--reload",
-        action="store_true",
-        help="re-import a task's module when its source file has changed",
-    )
-    parser.add_argument(
-        "--discovery",
-        metavar="URL",
-        help="publish into the registry at redis://HOST:PORT instead of the "
-        "namespace's shared memory",
-    )
-    serving.add_tcp_arguments(
-        parser, who="the dispatcher checks it against its --tls-ca"
-    )
-    parser.add_argument(
-        "--token-file",
-        metavar="PATH",
-        help="read the pool's token from PATH (else $SHMPOOL_TOKEN, else this "
-        "host's pool's); never give it on the command line",
-    )
-    args = parser.parse_args(argv)
-    if args.concurrency < 1 or args.prefetch < 1:
-        parser.error("--concurrency and --prefetch must be at least 1")
-    if (args.port or args.advertise or args.tls_cert) and not args.host:
-        parser.error("--port, --advertise and --tls-cert go with --host (TCP)")
-    if bool(args.tls_cert) != bool(args.tls_key):
-        parser.error("--tls-cert and --tls-key go together")
-    if not 0 <= args.port <= 65535:
-        parser.error(f"--port must be 0 to 65535, got {args.port}")
-    if not 0 <= args.max_args_bytes <= serving.MAX_ARGS_LIMIT:
-        parser.error(
-            f"--max-args-bytes must be 0 to {serving.MAX_ARGS_LIMIT}, "
-            f"got {args.max_args_bytes}"
-        )
-    try:
-        paths.validate_namespace(args.namespace)
-        backends.check_url(args.discovery)
-    except ValueError as exc:
-        parser.error(str(exc))
-    tags = frozenset(t.strip() for t in args.tags.split(",") if t.strip())
-    return Config(
-        args.namespace,
-        args.concurrency,
-        args.prefetch,
-        args.host,
-        tags,
-        args.grace_s,
-        args.parent_fd,
-        args.ready_fd,
-        args.max_args_bytes,
-        args.output_fd,
-        tuple(os.path.abspath(p) for p in args.path),
-        args.reload,
-        args.discovery,
-        args.port,
-        args.advertise,
-        args.token_file,
-        (args.tls_cert, args.tls_key) if args.tls_cert else None,
-    )
+DESCRIPTION: Final = (
+    "Run one shm-pool worker: a gRPC server that runs tasks and publishes itself "
+    "into the namespace's registry. Usually started by `python -m pool up`; the "
+    "namespace must exist (the pool creates it)."
+)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    config = parse_args(argv)
+    """``python -m workers``: run a worker as its command line says."""
+    return run(
+        parse(WorkerSettings, argv, prog="python -m workers", description=DESCRIPTION)
+    )
+
+
+def run(config: WorkerSettings) -> int:
+    """Run a worker with these settings (the zygote's entry); its exit status."""
     serving.redirect_output(config.output_fd)
     sys.path[:0] = [p for p in config.paths if p not in sys.path]
     imports.reload_changed(config.reload)
@@ -225,7 +89,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     return 0
 
 
-async def serve(config: Config) -> None:
+async def serve(config: WorkerSettings) -> None:
     """Serve until told to stop, then drain; see the module docstring."""
     stopper = serving.Stopper(config.parent_fd)
     try:
@@ -234,7 +98,7 @@ async def serve(config: Config) -> None:
         stopper.close()
 
 
-async def _serve(config: Config, stopper: serving.Stopper) -> None:
+async def _serve(config: WorkerSettings, stopper: serving.Stopper) -> None:
     token = auth.token_for(config.namespace, config.token_file)
     uid = uuid.uuid4()
     changed = asyncio.Event()
@@ -262,7 +126,7 @@ async def _serve(config: Config, stopper: serving.Stopper) -> None:
             address,
             os.getpid(),
             discovery.__version__,
-            tags=config.tags,
+            tags=frozenset(config.tags),
             extra={
                 **_counters(service),
                 **({serving.TLS_KEY: "1"} if config.tls else {}),
@@ -285,7 +149,7 @@ async def _serve(config: Config, stopper: serving.Stopper) -> None:
             service.end_streams()
     finally:
         await server.stop(1.0)
-        service.close()
+        await service.aclose()
         if socket_path is not None:
             socket_path.unlink(missing_ok=True)
 

@@ -49,7 +49,7 @@ from typing import Any, Final, Literal
 from grpc import aio
 
 from workers import imports
-from workers.offload import in_daemon_thread
+from workers.offload import Offload
 from workers.protocol import codec, shipping, worker_pb2_grpc
 from workers.protocol.errors import BadTask, TaskTimeout
 from workers.protocol.outbox import Outbox
@@ -134,6 +134,7 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
         self._on_change = on_change
         self._plain: queue.SimpleQueue[_Entry | None] = queue.SimpleQueue()
         self._claim = threading.Lock()  # a slot thread taking an entry vs. the loop
+        self._offload = Offload("offload")  # imports, large arguments
         # Plain tasks that ended, waiting for the loop: it takes them all in
         # one callback, so a busy loop is woken once for many.
         self._ended: list[tuple[_Entry, Result, float]] = []
@@ -175,10 +176,12 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
         for stream in self._streams:
             stream.outbox.close()
 
-    def close(self) -> None:
-        """Let the slot threads end once their current task returns."""
+    async def aclose(self) -> None:
+        """Let the slot threads end once their current task returns, and
+        end the offload threads (bounded: an import may hang)."""
         for _ in self._slots:
             self._plain.put(None)
+        await self._offload.aclose()
 
     async def Run(
         self,
@@ -243,6 +246,11 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
         if task.id in stream.entries:
             stream.outbox.put(_failed(task.id, codec.id_reused(task.id)))
             return
+        try:  # malformed is malformed, whatever this worker's state
+            codec.check_timeout(task)
+        except BadTask as exc:
+            stream.outbox.put(_failed(task.id, codec.failure_of(exc)))
+            return
         if not self.takes_tasks:
             stream.outbox.put(_failed(task.id, codec.rejected(self._busy_reason)))
             return
@@ -258,11 +266,6 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
         """Start a task whose acceptance has been written."""
         if entry.answered:
             return  # cancelled before it started
-        try:
-            codec.check_timeout(entry.task)
-        except BadTask as exc:
-            self._answer(entry, _failed(entry.task.id, codec.failure_of(exc)))
-            return
         fn = imports.found(entry.task)
         if fn is not None:
             self._launch(entry, fn)
@@ -272,7 +275,7 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
 
     async def _find_and_launch(self, entry: _Entry) -> None:
         try:
-            fn = await in_daemon_thread(imports.find, entry.task, entry.code)
+            fn = await self._offload.run(imports.find, entry.task, entry.code)
         except BadTask as exc:
             self._answer(entry, _failed(entry.task.id, codec.failure_of(exc)))
             return
@@ -299,7 +302,7 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
         task = entry.task
         try:
             if len(task.args) > OFFLOAD_ARGS_BYTES:
-                call = await in_daemon_thread(
+                call = await self._offload.run(
                     codec.load_call, task.args, self._max_args_bytes
                 )
             else:

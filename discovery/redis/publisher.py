@@ -55,14 +55,12 @@ class RedisPublisher:
         self._ttl_ms, self._heartbeat_s = int(ttl_s * 1000), heartbeat_s
         self._mine: dict[UUID, bytes] = {}  # what Redis should hold of ours
         self._client: aioredis.Redis | None = None
-        self._group: asyncio.TaskGroup | None = None
+        self._stack = contextlib.AsyncExitStack()  # holds the heartbeat's group
 
     async def __aenter__(self) -> Self:
         self._client = connect(self.url)
         self._publish = self._client.register_script(PUBLISH_SCRIPT)
-        group = asyncio.TaskGroup()
-        await group.__aenter__()
-        self._group = group
+        group = await self._stack.enter_async_context(asyncio.TaskGroup())
         self._beating = group.create_task(self._heartbeat())
         return self
 
@@ -72,10 +70,16 @@ class RedisPublisher:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        assert self._group is not None and self._client is not None
+        """Drop what it published, once its heartbeat has ended (an error
+        unwinding goes on as itself, unless the heartbeat failed too)."""
+        assert self._client is not None
         self._beating.cancel()
         try:
-            await self._group.__aexit__(None, None, None)
+            try:
+                await self._stack.__aexit__(exc_type, exc, tb)
+            except BaseExceptionGroup as group:
+                if exc is None or list(group.exceptions) != [exc]:
+                    raise
             for uid in list(self._mine):  # a clean exit drops at once
                 with contextlib.suppress(*UNAVAILABLE):
                     await self._run(self._publish, "worker-dropped", uid, b"")

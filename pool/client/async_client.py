@@ -51,14 +51,13 @@ class AsyncClient:
         self._locator = Locator(namespace, url, token_file, tls_ca)
         self._submissions = Submissions(tags, task_timeout_s, ship_modules)
         self._connection: Connection | None = None
-        self._group: asyncio.TaskGroup | None = None
+        self._stack = contextlib.AsyncExitStack()  # holds the connection's group
 
     async def __aenter__(self) -> Self:
         connection = await Connection.open(self._locator)
-        group = asyncio.TaskGroup()
-        await group.__aenter__()
+        group = await self._stack.enter_async_context(asyncio.TaskGroup())
         group.create_task(connection.run())
-        self._connection, self._group = connection, group
+        self._connection = connection
         return self
 
     async def __aexit__(
@@ -67,17 +66,22 @@ class AsyncClient:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        await self.aclose()
+        """Close the stream (what is pending fails) and end its task group,
+        which hears of an error unwinding: that error goes on as itself,
+        unless the connection failed too (then both, in a group)."""
+        if self._connection is None:
+            return
+        connection, self._connection = self._connection, None
+        connection.close(abandon=True)
+        try:
+            await self._stack.__aexit__(exc_type, exc, tb)
+        except BaseExceptionGroup as group:
+            if exc is None or list(group.exceptions) != [exc]:
+                raise
 
     async def aclose(self) -> None:
-        """Close the stream; tasks still pending fail. Never raises over an
-        error already unwinding."""
-        if self._connection is None or self._group is None:
-            return
-        connection, group = self._connection, self._group
-        self._connection = self._group = None
-        connection.close(abandon=True)
-        await group.__aexit__(None, None, None)
+        """Close the stream; tasks still pending fail."""
+        await self.__aexit__(None, None, None)
 
     def _send(
         self,

@@ -32,6 +32,7 @@ from pool import dispatcher_pb2_grpc
 from pool.client.rendezvous import WRONG_TOKEN, Locator
 from pool.dispatcher_pb2 import Submission, SubmissionBatch
 from pool.errors import PoolError, PoolNotRunning, PoolRefused, ProtocolMismatch
+from workers.offload import Offload
 from workers.protocol import auth, codec, shipping
 from workers.protocol.worker_pb2 import Result, ResultBatch
 from workers.serving import GRPC_OPTIONS
@@ -162,6 +163,7 @@ class Connection:
         self._abandon = False
         self._call: aio.StreamStreamCall[SubmissionBatch, ResultBatch] | None = None
         self.refused: PoolError | None = None  # once refused, always
+        self._offload = Offload("pool-client")  # finding the pool, off the loop
 
     @classmethod
     async def open(cls, locator: Locator) -> Connection:
@@ -170,8 +172,9 @@ class Connection:
         :raises PoolNotRunning: if no pool serves the namespace now (fail
             now, clearly, if there is no pool at all).
         """
-        await locator.locate()
-        return cls(locator)
+        connection = cls(locator)
+        await locator.locate(connection._offload)
+        return connection
 
     def submit(
         self, submission: Submission, handler: Handler, code: bytes = b""
@@ -206,6 +209,12 @@ class Connection:
 
     async def run(self) -> None:
         """Keep a stream open while there is work; reconnect when it breaks."""
+        try:
+            await self._run()
+        finally:
+            await self._offload.aclose()
+
+    async def _run(self) -> None:
         lost_at: float | None = None
         delay = RECONNECT_FIRST_S
         while True:
@@ -239,9 +248,9 @@ class Connection:
     async def _serve(self) -> _Ended:
         """One stream, until it ends."""
         try:
-            target = await self._locator.locate()
+            target = await self._locator.locate(self._offload)
             if target.tls:
-                credentials = self._locator.credentials()
+                credentials = await self._offload.run(self._locator.credentials)
         except PoolNotRunning as exc:
             return _Ended(exc, served=False)  # no restart is coming
         if target.tls:

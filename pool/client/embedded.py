@@ -16,18 +16,19 @@ from __future__ import annotations
 import asyncio
 import atexit
 import contextlib
+import dataclasses
 import io
 import threading
 import uuid
 from types import TracebackType
-from typing import Final
+from typing import Any, Final
 
 import uvloop
 
 from pool.client.executor import Client
-from pool.dispatcher.queue import MAX_QUEUED
-from pool.errors import PoolError
-from pool.supervisor.orchestration import Options, Supervisor
+from pool.errors import PoolError, leaves
+from pool.supervisor.orchestration import Supervisor
+from pool.supervisor.settings import PoolSettings
 from pool.supervisor.view import PlainView
 
 START_TIMEOUT_S: Final = 60.0
@@ -38,41 +39,29 @@ class Pool:
 
     :param workers: worker processes to start (at least 1).
     :param namespace: its namespace (a fresh one by default).
-    :param concurrency: tasks each worker runs at once.
-    :param tags: tags every worker has.
-    :param no_worker_timeout_s: how long a task waits for a matching worker.
-    :param stuck_grace_s: how long a worker whose every thread is held by a
-        timed-out or cancelled task may stay so before it is replaced.
-    :param max_queued: how many tasks may wait for a worker in the dispatcher.
-    :param discovery_url: register the workers in Redis at this URL
-        (``redis://HOST:PORT``) instead of shared memory.
-    :raises ValueError: for a bad number of workers, concurrency or namespace.
+    :param settings: any other setting of ``pool up``, by the name its flag
+        has there (``--grace-s`` is ``grace_s=``; ``--discovery`` is
+        ``discovery_url=``; ``--no-restart`` is ``restart=False``): the
+        fields of :class:`~pool.supervisor.settings.PoolSettings`, such as
+        ``concurrency``, ``tags``, ``no_worker_timeout_s``,
+        ``stuck_grace_s``, ``max_queued`` and ``paths``.
+    :raises ValueError: for a bad value, named (a
+        :class:`~workers.settings.SettingError`).
+    :raises TypeError: for a setting ``pool up`` does not have.
     """
 
     def __init__(
-        self,
-        workers: int = 4,
-        *,
-        namespace: str | None = None,
-        concurrency: int = 1,
-        tags: tuple[str, ...] = (),
-        no_worker_timeout_s: float = 30.0,
-        stuck_grace_s: float = 60.0,
-        max_queued: int = MAX_QUEUED,
-        discovery_url: str | None = None,
+        self, workers: int = 4, *, namespace: str | None = None, **settings: Any
     ) -> None:
-        self.options = Options(
-            namespace=f"pool-{uuid.uuid4().hex[:12]}"
-            if namespace is None
-            else namespace,
-            workers=workers,
-            concurrency=concurrency,
-            tags=tags,
-            no_worker_timeout_s=no_worker_timeout_s,
-            stuck_grace_s=stuck_grace_s,
-            max_queued=max_queued,
-            discovery_url=discovery_url,
-        )
+        known = {f.name for f in dataclasses.fields(PoolSettings)}
+        for name in settings.keys() - known:
+            raise TypeError(
+                f"Pool() has no setting {name!r}; it takes pool up's: "
+                f"{', '.join(sorted(known - {'capture_output'}))}"
+            )
+        if namespace is None:
+            namespace = f"pool-{uuid.uuid4().hex[:12]}"
+        self.settings = PoolSettings(namespace=namespace, workers=workers, **settings)
         self.log = io.StringIO()  # what `pool up` would have printed
         self._thread: threading.Thread | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -83,14 +72,15 @@ class Pool:
 
     @property
     def namespace(self) -> str:
-        return self.options.namespace
+        return self.settings.namespace
 
     def __enter__(self) -> Client:
         self._thread = threading.Thread(target=self._run, name="pool", daemon=True)
         self._thread.start()
         if not self._ready.wait(START_TIMEOUT_S) or self._error is not None:
             self._shutdown()
-            raise PoolError(f"the pool did not start: {self._error}") from self._error
+            why = "; ".join(map(str, leaves(self._error))) if self._error else "?"
+            raise PoolError(f"the pool did not start: {why}") from self._error
         atexit.register(self.close)
         try:
             self._client = Client(self.namespace)
@@ -125,7 +115,7 @@ class Pool:
     async def _main(self) -> None:
         self._loop = asyncio.get_running_loop()
         self._stop = asyncio.Event()
-        supervisor = Supervisor(self.options, PlainView(self.log), self._ready.set)
+        supervisor = Supervisor(self.settings, PlainView(self.log), self._ready.set)
         await supervisor.run(self._stop, asyncio.Event())
 
     def _shutdown(self) -> None:

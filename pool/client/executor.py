@@ -52,7 +52,13 @@ class Client(concurrent.futures.Executor):
         token (else ``$SHMPOOL_TOKEN``, else this machine's pool's).
     :param tls_ca: with ``discovery_url``, the CA (PEM file) of a dispatcher
         that serves TLS (``pool up --tls-cert``; default: the system's roots).
+    :param max_pending: at most this many futures pending at once: past it,
+        :meth:`submit` (and :meth:`map`) waits for room, as ``put`` on a
+        bounded :class:`queue.Queue` does (default: no bound, as
+        ``ProcessPoolExecutor``; the dispatcher's own bound then holds the
+        tasks back here, see DESIGN.md).
     :raises PoolNotRunning: if no pool serves the namespace.
+    :raises ValueError: for a ``max_pending`` below 1.
     """
 
     def __init__(
@@ -65,14 +71,17 @@ class Client(concurrent.futures.Executor):
         discovery_url: str | None = None,
         token_file: str | None = None,
         tls_ca: str | None = None,
+        max_pending: int | None = None,
     ) -> None:
+        if max_pending is not None and max_pending < 1:
+            raise ValueError(f"max_pending must be at least 1, got {max_pending}")
         self.namespace = paths.validate_namespace(namespace)
         url = backends.check_url(discovery_url)
         locator = Locator(namespace, url, token_file, tls_ca)
         self._submissions = Submissions(tags, task_timeout_s, ship_modules)
         self._shutdown_lock = threading.Lock()
         self._shutdown = False
-        self._runner = LoopThread(locator)
+        self._runner = LoopThread(locator, max_pending)
         # Unreferenced, the client lets its futures finish, then its thread ends.
         self._finalizer = weakref.finalize(self, self._runner.close_when_idle)
 
@@ -106,25 +115,32 @@ class Client(concurrent.futures.Executor):
         *,
         chunk: bool = False,
     ) -> concurrent.futures.Future[Any]:
-        with self._shutdown_lock:
-            if self._shutdown:
-                raise RuntimeError("cannot schedule new futures after shutdown")
-            if interpreter_exiting():
-                raise RuntimeError(
-                    "cannot schedule new futures after interpreter shutdown"
-                )
-            future: concurrent.futures.Future[Any] = concurrent.futures.Future()
-            try:
-                if isinstance(ref, Exception):
-                    raise ref
-                submission, code = self._submissions.make(
-                    ref, args, kwargs, chunk=chunk
-                )
-            except Exception as exc:
-                future.set_exception(exc)
+        self._runner.reserve()  # (waits while max_pending futures are pending)
+        submitted = False
+        try:
+            with self._shutdown_lock:
+                if self._shutdown:
+                    raise RuntimeError("cannot schedule new futures after shutdown")
+                if interpreter_exiting():
+                    raise RuntimeError(
+                        "cannot schedule new futures after interpreter shutdown"
+                    )
+                future: concurrent.futures.Future[Any] = concurrent.futures.Future()
+                try:
+                    if isinstance(ref, Exception):
+                        raise ref
+                    submission, code = self._submissions.make(
+                        ref, args, kwargs, chunk=chunk
+                    )
+                except Exception as exc:
+                    future.set_exception(exc)
+                    return future
+                self._runner.submit(submission, code, future)
+                submitted = True
                 return future
-            self._runner.submit(submission, code, future)
-            return future
+        finally:
+            if not submitted:
+                self._runner.release()
 
     def map(
         self,

@@ -103,8 +103,11 @@ class LoopThread:
     Holds nothing of the client: the client's finalizer closes it.
     """
 
-    def __init__(self, locator: Locator) -> None:
+    def __init__(self, locator: Locator, max_pending: int | None = None) -> None:
         self._lock = threading.Lock()
+        self._room = threading.Condition(self._lock)  # for max_pending
+        self._max_pending = max_pending
+        self._reserved = 0  # room taken by submissions on their way in
         self._inbox: list[tuple[Submission, bytes, FutureHandler]] = []
         self._flush_scheduled = False
         self.outstanding: set[concurrent.futures.Future[Any]] = set()
@@ -148,15 +151,37 @@ class LoopThread:
         started.set_result(None)
         await self._connection.run()
 
+    def reserve(self) -> None:
+        """Wait (any thread but the loop's, which a wait would stop) until
+        fewer than ``max_pending`` futures are pending or on their way in,
+        and take room for one more: :meth:`submit` or :meth:`release` it."""
+        with self._room:
+            if self._max_pending is not None and not self._on_loop():
+                while len(self.outstanding) + self._reserved >= self._max_pending:
+                    self._room.wait()
+            self._reserved += 1
+
+    def release(self) -> None:
+        """Give back room :meth:`reserve` took, for a future not submitted."""
+        with self._room:
+            self._reserved -= 1
+            self._room.notify()
+
+    def _on_loop(self) -> bool:
+        return threading.current_thread() is self._thread
+
     def submit(
         self,
         submission: Submission,
         code: bytes,
         future: concurrent.futures.Future[Any],
     ) -> None:
+        """Send a task whose room :meth:`reserve` took (any thread)."""
         handler = FutureHandler(future)
         with self._lock:
+            self._reserved -= 1
             if self._crashed is not None:
+                self._room.notify()
                 future.set_exception(self._crashed)
                 return
             self.outstanding.add(future)
@@ -176,6 +201,7 @@ class LoopThread:
         """Any thread: the future finished, or its owner cancelled it."""
         with self._lock:
             self.outstanding.discard(future)
+            self._room.notify()
         if future.cancelled():
             with contextlib.suppress(RuntimeError):  # closed: nothing pending there
                 self._loop.call_soon_threadsafe(self._cancel, task_id, handler)

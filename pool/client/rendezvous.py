@@ -30,6 +30,7 @@ import grpc
 
 from discovery import owner_pid, paths
 from pool.errors import PoolNotRunning, PoolRefused
+from workers.offload import Offload
 from workers.protocol import auth
 
 ADDRESS_FILE: Final = "address"
@@ -141,14 +142,16 @@ class Locator:
     token_file: str | None = None
     tls_ca: str | None = None
 
-    async def locate(self) -> Target:
-        """The dispatcher to call.
+    async def locate(self, offload: Offload | None = None) -> Target:
+        """The dispatcher to call. This machine's pool is looked up (files
+        read, a lock probed) on a thread: ``offload``'s, else asyncio's.
 
         :raises PoolNotRunning: if no live pool announces it.
         :raises PoolRefused: if there is no token to call it with.
         """
         if self.discovery_url is None:
-            return Target(*locate(self.namespace))
+            run = offload.run if offload is not None else asyncio.to_thread
+            return Target(*await run(locate, self.namespace))
         import redis.asyncio as aioredis
 
         client = aioredis.Redis.from_url(self.discovery_url, socket_connect_timeout=1.0)

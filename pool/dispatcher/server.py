@@ -23,7 +23,6 @@ error in any ends the process, logged, with exit status 1.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import contextlib
 import json
@@ -42,12 +41,13 @@ from grpc import aio
 from discovery import WorkerInfo, backends, paths
 from pool import dispatcher_pb2_grpc
 from pool.dispatcher.links import WorkerLink
-from pool.dispatcher.placement import NO_WORKER_TIMEOUT_S, Router
-from pool.dispatcher.queue import MAX_QUEUED
+from pool.dispatcher.placement import Router
 from pool.dispatcher.service import MAX_STREAM_TASKS, DispatcherService
+from pool.dispatcher.settings import DispatcherSettings
 from workers import serving
 from workers.protocol import auth
 from workers.serving import TLS_KEY
+from workers.settings import parse
 
 log = logging.getLogger("pool.dispatcher.server")
 
@@ -58,77 +58,49 @@ LINGER_S: Final = 5.0  # at stop, how long to wait for the workers' last results
 STREAMS_END_S: Final = 5.0  # then, for the client streams to take them
 
 
-async def serve(
-    namespace: str,
-    *,
-    host: str | None = None,
-    port: int = 0,
-    advertise: str | None = None,
-    tls: tuple[str, str] | None = None,
-    parent_fd: int | None = None,
-    control_fd: int | None = None,
-    ready_fd: int | None = None,
-    no_worker_timeout_s: float = NO_WORKER_TIMEOUT_S,
-    max_queued: int = MAX_QUEUED,
-    discovery_url: str | None = None,
-    tls_ca: bytes | None = None,
-) -> None:
+async def serve(settings: DispatcherSettings, tls_ca: bytes | None = None) -> None:
     """Serve the namespace's clients until told to stop; see the module doc.
     Workers are found in the namespace's shared memory, or in the registry
-    at ``discovery_url`` (``redis://...``). With ``tls`` (certificate and
-    key files), the TCP port of ``host`` serves TLS, for clients of other
-    machines, and this machine's clients use the unix socket."""
-    stopper = serving.Stopper(parent_fd)
+    at ``settings.discovery_url``; ``tls_ca`` is the CA (PEM) of the
+    workers that serve TLS."""
+    stopper = serving.Stopper(settings.parent_fd)
     try:
-        token = auth.read_token(namespace)
+        token = auth.read_token(settings.namespace)
         router = Router(
-            namespace,
+            settings.namespace,
             WorkerLink.connector(
                 token, grpc.ssl_channel_credentials(tls_ca) if tls_ca else None
             ),
-            is_alive=backends.liveness_for(discovery_url),
-            no_worker_timeout_s=no_worker_timeout_s,
-            max_queued=max_queued,
+            is_alive=backends.liveness_for(settings.discovery_url),
+            no_worker_timeout_s=settings.no_worker_timeout_s,
+            max_queued=settings.max_queued,
         )
         server = aio.server(
             interceptors=[auth.CallInterceptor(token)],
             options=serving.GRPC_OPTIONS,
         )
-        service = DispatcherService(router, min(MAX_STREAM_TASKS, max_queued))
+        service = DispatcherService(router, min(MAX_STREAM_TASKS, settings.max_queued))
         dispatcher_pb2_grpc.add_DispatcherServicer_to_server(service, server)  # type: ignore[no-untyped-call]
-
-        def socket() -> Path:
-            return paths.namespace_dir(namespace) / SOCKET_NAME
-
-        address, socket_path = serving.bind(
-            server,
-            host,
-            socket,
-            port=port,
-            advertise=advertise,
-            credentials=serving.server_credentials(*tls) if tls else None,
-        )
-        ready: dict[str, object] = {"address": address}
-        if tls:  # this machine's clients keep the private socket, in plain text
-            local, socket_path = serving.bind(server, None, socket)
-            ready = {"address": local, "remote": address, "tls": True}
+        ready, socket_path = _bind(server, settings)
         await server.start()
         try:
             async with router, asyncio.TaskGroup() as group:
                 following = group.create_task(
-                    _follow(namespace, router, discovery_url, tls_ca is not None)
+                    _follow(
+                        settings.namespace,
+                        router,
+                        settings.discovery_url,
+                        tls_ca is not None,
+                    )
                 )
                 obeying = None
-                if control_fd is not None:
-                    obeying = group.create_task(_obey(control_fd, router, stopper))
-                serving.announce_ready(ready_fd, **ready)
+                if settings.control_fd is not None:
+                    fd = settings.control_fd
+                    obeying = group.create_task(_obey(fd, router, stopper))
+                serving.announce_ready(settings.ready_fd, **ready)
                 await stopper.wait()
                 following.cancel()
-                await router.finish(LINGER_S)  # every result in, or failed
-                service.end_streams()
-                with contextlib.suppress(TimeoutError):
-                    async with asyncio.timeout(STREAMS_END_S):
-                        await service.streams_ended()
+                await _finish(router, service)
                 if obeying is not None:
                     obeying.cancel()
         finally:
@@ -137,6 +109,39 @@ async def serve(
                 socket_path.unlink(missing_ok=True)
     finally:
         stopper.close()
+
+
+def _bind(
+    server: aio.Server, settings: DispatcherSettings
+) -> tuple[dict[str, object], Path | None]:
+    """Where the server listens: the READY line's fields, and its socket."""
+
+    def socket() -> Path:
+        return paths.namespace_dir(settings.namespace) / SOCKET_NAME
+
+    tls = settings.tls
+    address, socket_path = serving.bind(
+        server,
+        settings.host,
+        socket,
+        port=settings.port,
+        advertise=settings.advertise,
+        credentials=serving.server_credentials(*tls) if tls else None,
+    )
+    if not tls:
+        return {"address": address}, socket_path
+    # This machine's clients keep the private socket, in plain text.
+    local, socket_path = serving.bind(server, None, socket)
+    return {"address": local, "remote": address, "tls": True}, socket_path
+
+
+async def _finish(router: Router, service: DispatcherService) -> None:
+    """Stop: every result in (or failed), then to the clients, bounded."""
+    await router.finish(LINGER_S)
+    service.end_streams()
+    with contextlib.suppress(TimeoutError):
+        async with asyncio.timeout(STREAMS_END_S):
+            await service.streams_ended()
 
 
 async def _follow(
@@ -206,83 +211,34 @@ def _read(path: str) -> bytes:
         return source.read()
 
 
+DESCRIPTION: Final = "Run a pool's dispatcher (started by `python -m pool up`)."
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m pool.dispatcher.server",
-        description="Run a pool's dispatcher (started by `python -m pool up`).",
+    """``python -m pool.dispatcher``: run it as its command line says."""
+    settings = parse(
+        DispatcherSettings,
+        argv,
+        prog="python -m pool.dispatcher",
+        description=DESCRIPTION,
     )
-    parser.add_argument("--namespace", default="default")
-    parser.add_argument(
-        "--host",
-        nargs="?",
-        const=serving.LOOPBACK,
-        help=f"listen on TCP HOST:<free port> (default {serving.LOOPBACK})",
-    )
-    serving.add_tcp_arguments(
-        parser,
-        who="clients of other machines check it; this machine's use the unix socket",
-    )
-    parser.add_argument(
-        "--parent-fd", type=int, help="a pidfd of the process whose death ends this"
-    )
-    parser.add_argument(
-        "--control-fd", type=int, help="read the supervisor's control lines here"
-    )
-    parser.add_argument("--ready-fd", type=int, help="write the READY line here")
-    parser.add_argument(
-        "--output-fd", type=int, help="send stdout and stderr here, line by line"
-    )
-    parser.add_argument(
-        "--discovery",
-        metavar="URL",
-        help="find workers in the registry at redis://HOST:PORT instead of the "
-        "namespace's shared memory",
-    )
-    parser.add_argument(
-        "--tls-ca",
-        metavar="PEM",
-        help="the CA that signed the certificates of workers serving TLS "
-        "(default: the system's roots)",
-    )
-    parser.add_argument(
-        "--no-worker-timeout-s",
-        type=float,
-        default=NO_WORKER_TIMEOUT_S,
-        help="fail a task that finds no matching ready worker this long",
-    )
-    parser.add_argument(
-        "--max-queued",
-        type=int,
-        default=MAX_QUEUED,
-        help="tasks that may wait for a worker; past it, clients are held back "
-        f"(default {MAX_QUEUED})",
-    )
-    args = parser.parse_args(argv)
-    serving.redirect_output(args.output_fd)
+    return run(settings)
+
+
+def run(settings: DispatcherSettings) -> int:
+    """Run the dispatcher with these settings (the zygote's entry); its exit
+    status."""
+    serving.redirect_output(settings.output_fd)
     logging.basicConfig(level=logging.WARNING, format="dispatcher: %(message)s")
     # watchdog warns when a watched directory's last events race the
     # observer's stop, as they do when the pool's files are removed at exit.
     logging.getLogger("watchdog").setLevel(logging.ERROR)
     try:
-        uvloop.run(
-            serve(
-                args.namespace,
-                host=args.host,
-                port=args.port,
-                advertise=args.advertise,
-                tls=(args.tls_cert, args.tls_key) if args.tls_cert else None,
-                parent_fd=args.parent_fd,
-                control_fd=args.control_fd,
-                ready_fd=args.ready_fd,
-                no_worker_timeout_s=args.no_worker_timeout_s,
-                max_queued=args.max_queued,
-                discovery_url=args.discovery,
-                tls_ca=_read(args.tls_ca) if args.tls_ca else None,
-            )
-        )
+        tls_ca = _read(settings.tls_ca) if settings.tls_ca else None
+        uvloop.run(serve(settings, tls_ca))
     except KeyboardInterrupt:
         pass
-    except serving.CannotListen as exc:
+    except (serving.CannotListen, OSError) as exc:
         print(f"dispatcher: error: {exc}", file=sys.stderr)
         return 1
     except Exception:  # a background task died: say why, and be restarted

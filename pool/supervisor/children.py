@@ -16,17 +16,77 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 import os
 import signal
 import subprocess
+import sys
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from typing import Any, Final, Protocol
 
 from pool.errors import PoolError
 from workers.serving import READY_PREFIX
+from workers.settings import to_argv
 
 START_TIMEOUT_S: Final = 30.0
+BACKOFF_S: Final = (0.1, 10.0)  # first delay, cap
+
+
+@dataclass(eq=False)
+class Child:
+    """A process the supervisor starts and restarts, and what it said when
+    ready. ``entry`` (``module:function``) is what the zygote runs with
+    ``settings``; the slow way runs ``python -m module`` with the same
+    settings as flags (:func:`workers.settings.to_argv`)."""
+
+    name: str
+    entry: str
+    settings: Any  # WorkerSettings or DispatcherSettings, descriptors aside
+    process: Process | None = None
+    ready: dict[str, Any] = field(default_factory=dict)
+    failures: int = 0
+
+    @property
+    def pid(self) -> int:
+        return self.process.pid if self.process else 0
+
+    @property
+    def kind(self) -> str:
+        return self.name.split("-")[0]
+
+    @property
+    def label(self) -> str:
+        """How its output is prefixed: ``w3`` for worker-3."""
+        kind, _, number = self.name.partition("-")
+        return f"w{number}" if kind == "worker" else kind
+
+    def argv(self, fds: dict[str, int]) -> list[str]:
+        """The command line that starts it the slow way, given ``fds``."""
+        module = self.entry.partition(":")[0]
+        given = dataclasses.replace(self.settings, **fds)
+        return [sys.executable, "-m", module, *to_argv(given)]
+
+
+def restart_delay(failures: int) -> float:
+    """Seconds before restarting a child that failed to start ``failures``
+    times in a row: none for the first restart, then 0.1 s doubling to 10 s."""
+    if failures <= 0:
+        return 0.0
+    first, cap = BACKOFF_S
+    return float(min(cap, first * 2 ** (failures - 1)))
+
+
+def next_start(child: Child, *, restart: bool, stopping: bool) -> float | None:
+    """After ``child`` exited: how long to wait before starting it again, or
+    None not to (the pool is stopping, or restarts are off). Back off only
+    for a child that died before it was ready (counted in ``failures``); one
+    that served is replaced at once, and its count starts again."""
+    if stopping or not restart:
+        return None
+    child.failures = 0 if child.ready else child.failures + 1
+    return restart_delay(child.failures)
 
 
 class ChildFailed(PoolError):

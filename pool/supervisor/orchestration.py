@@ -41,124 +41,44 @@ the drain) with that error.
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import json
 import os
-import sys
 from collections.abc import Callable, Coroutine
-from dataclasses import dataclass, field
 from typing import Any, Final
 
 from discovery import LocalDiscovery, NamespaceInUse, backends, paths, sweep_dead
 from pool.client import rendezvous
 from pool.client.rendezvous import ADDRESS_FILE
-from pool.dispatcher.queue import MAX_QUEUED
 from pool.errors import PoolAlreadyRunning
 from pool.supervisor.children import (
     START_TIMEOUT_S,
+    Child,
     ChildFailed,
     Process,
     describe_exit,
     exit_fields,
+    next_start,
     read_ready,
     spawn,
     terminate,
 )
+from pool.supervisor.control import ControlPipe
 from pool.supervisor.output import output_lines
+from pool.supervisor.settings import PoolSettings
+from pool.supervisor.sweep import sweep_temp_dirs
 from pool.supervisor.view import View
-from pool.supervisor.zygote import Zygote, ZygoteUnavailable, sweep_temp_dirs
-from workers.offload import in_daemon_thread
+from pool.supervisor.zygote import Zygote, ZygoteUnavailable
+from workers.offload import Offload
 from workers.protocol import auth
-from workers.protocol.codec import MAX_ARGS_BYTES
 
-BACKOFF_S: Final = (0.1, 10.0)  # first delay, cap
 DISPATCHER_STOP_S: Final = 15.0  # it waits for its last results, then ends
 # After a second Ctrl-C the workers are killed at once, but the dispatcher
 # still gets this long to tell each client how its tasks ended.
 HURRIED_DISPATCHER_STOP_S: Final = 2.0
-OUTPUT_DRAIN_S: Final = 1.0  # for the children's last lines, once they exited
-
-
-@dataclass(eq=False)
-class Child:
-    """A process the supervisor started, and what it said when ready."""
-
-    name: str
-    module: str  # run as `python -m module`, or its `main` forked by the zygote
-    argv: list[str]
-    process: Process | None = None
-    ready: dict[str, Any] = field(default_factory=dict)
-    failures: int = 0
-
-    @property
-    def pid(self) -> int:
-        return self.process.pid if self.process else 0
-
-    @property
-    def kind(self) -> str:
-        return self.name.split("-")[0]
-
-    @property
-    def label(self) -> str:
-        """How its output is prefixed: ``w3`` for worker-3."""
-        kind, _, number = self.name.partition("-")
-        return f"w{number}" if kind == "worker" else kind
-
-
-@dataclass
-class Options:
-    namespace: str = "default"
-    workers: int = os.cpu_count() or 1
-    external_workers: bool = False  # others join by hand: 0 workers is allowed
-    concurrency: int = 1
-    tags: tuple[str, ...] = ()
-    host: str | None = None
-    port: int = 0  # the dispatcher's, with host
-    advertise: str | None = None  # the dispatcher's address for other machines
-    restart: bool = True
-    grace_s: float = 30.0
-    capacity: int = 128
-    no_worker_timeout_s: float = 30.0
-    max_args_bytes: int = MAX_ARGS_BYTES
-    stuck_grace_s: float = 60.0
-    max_queued: int = MAX_QUEUED
-    # Show what children write to stdout and stderr through the view, a line
-    # at a time, prefixed by who wrote it (else they share the caller's).
-    capture_output: bool = False
-    paths: tuple[str, ...] = ()  # where workers import task modules from first
-    reload: bool = False  # workers re-import a task module whose source changed
-    # Workers register in Redis at this URL, not in the namespace's shared
-    # memory (which still holds the pool's ownership, token and address).
-    discovery_url: str | None = None
-    # The token to use, shared with workers on other hosts (else a fresh one;
-    # $SHMPOOL_TOKEN also gives it).
-    token_file: str | None = None
-    tls_ca: str | None = None  # the CA of workers that serve TLS (PEM file)
-    # A certificate and key (PEM files) for the TCP ports (with host): the
-    # dispatcher's serves TLS to clients of other machines (this machine's
-    # use its unix socket), and the workers' to the dispatcher.
-    tls: tuple[str, str] | None = None
-
-    def __post_init__(self) -> None:
-        paths.validate_namespace(self.namespace)
-        backends.check_url(self.discovery_url)
-        joining = self.discovery_url or self.external_workers
-        if self.workers < (0 if joining else 1):
-            raise ValueError(
-                f"workers must be at least {0 if joining else 1}, got {self.workers}"
-                + ("" if joining else "; 0 only with --discovery or --external-workers")
-            )
-        if self.concurrency < 1:
-            raise ValueError(f"concurrency must be at least 1, got {self.concurrency}")
-        if self.max_queued < 1:
-            raise ValueError(f"max_queued must be at least 1, got {self.max_queued}")
-        if self.host and self.workers and bool(self.tls_ca) != bool(self.tls):
-            raise ValueError(
-                "with --host, --tls-cert and --tls-ca go together: the workers "
-                "`pool up` puts on TCP serve TLS with the certificate, and the "
-                "dispatcher checks it against the CA (for a self-signed "
-                "certificate, give it as its own CA)"
-            )
+OUTPUT_DRAIN_S: Final = 1.0
+WORKER_ENTRY: Final = "workers.process:run"
+DISPATCHER_ENTRY: Final = (
+    "pool.dispatcher.server:run"  # for the children's last lines, once they exited
+)
 
 
 class Supervisor:
@@ -169,11 +89,11 @@ class Supervisor:
 
     def __init__(
         self,
-        options: Options,
+        settings: PoolSettings,
         view: View,
         on_ready: Callable[[], None] | None = None,
     ) -> None:
-        self.options = options
+        self.settings = settings
         self.view = view
         self._on_ready = on_ready
         self.address = ""  # the dispatcher's, for this machine's clients
@@ -185,58 +105,72 @@ class Supervisor:
         self._background: set[asyncio.Task[None]] = set()
         self._relays: set[asyncio.Task[None]] = set()  # children's output
         self._parent_fd = -1
-        self._control_fd = -1  # the write end of the dispatcher's control pipe
+        self._control = ControlPipe()  # to the current dispatcher
         self._status: dict[str, str] = {}  # uid -> status, of registered workers
         self._registry_changed = asyncio.Event()
         self._zygote: Zygote | None = None
+        self._offload = Offload("supervisor")  # the registry, sweeps
         self._ready = False  # every worker has been registered once
 
     async def run(self, stop: asyncio.Event, kill_now: asyncio.Event) -> None:
         """Run the pool until ``stop``; drain; leave nothing behind.
 
         :raises PoolAlreadyRunning: if a live pool owns the namespace.
-        :raises ChildFailed: if the dispatcher, or every worker, cannot start.
+        :raises BaseExceptionGroup: of what ended the pool: a
+            :class:`~pool.supervisor.children.ChildFailed` if the dispatcher,
+            or every worker, cannot start, and any error of its background
+            work, all of them (:func:`pool.errors.leaves` lists them).
         """
-        ns, opts = self.options.namespace, self.options
-        capacity = max(opts.capacity, 2 * opts.workers)
-        registry = LocalDiscovery(ns, capacity=capacity, exclusive=True)
+        settings = self.settings
+        registry = LocalDiscovery(
+            settings.namespace, capacity=settings.registry_capacity, exclusive=True
+        )
         zygote = Zygote(lambda what, pid: self.view.note(f"zygote-{what}", pid=pid))
-        entered, owner = False, 0
+        entered = False
         try:
+            await self._claim(registry, zygote)
+            entered = True
             try:
-                async with asyncio.TaskGroup() as starting:
-                    # The zygote's imports take the longest: they run meanwhile.
-                    starting.create_task(self._warm(zygote))
-                    try:
-                        await in_daemon_thread(registry.__enter__)  # may wait
-                        entered = True
-                    except NamespaceInUse as exc:
-                        owner = exc.pid
-            except BaseExceptionGroup as group:
-                raise _first_error(group) from None
-            if not entered:
-                raise PoolAlreadyRunning(ns, owner)
-            try:
-                await in_daemon_thread(sweep_dead)  # other pools' leftovers
-                await in_daemon_thread(sweep_temp_dirs)
-                given = None
-                if opts.token_file or os.environ.get(auth.TOKEN_ENV):
-                    given = auth.token_for(ns, opts.token_file)
-                auth.create_token(ns, given)
-                self._parent_fd = os.pidfd_open(os.getpid())
-                try:
-                    await self._supervise(stop, kill_now)
-                except BaseExceptionGroup as group:
-                    raise _first_error(group) from None
+                await self._prepare()
+                await self._supervise(stop, kill_now)
             finally:
-                for fd in (self._parent_fd, self._control_fd):
-                    if fd >= 0:
-                        os.close(fd)
+                self._control.close()
+                if self._parent_fd >= 0:
+                    os.close(self._parent_fd)
         finally:
             if entered:
-                await in_daemon_thread(registry.close)  # (works at exit, too)
-            await in_daemon_thread(zygote.close)
-        self.view.note("stopped", namespace=ns)
+                await self._offload.run(registry.close)  # (works at exit, too)
+            await self._offload.run(zygote.close)
+            await self._offload.aclose()
+        self.view.note("stopped", namespace=settings.namespace)
+
+    async def _claim(self, registry: LocalDiscovery, zygote: Zygote) -> None:
+        """Own the namespace, while the zygote starts (its imports take the
+        longest).
+
+        :raises PoolAlreadyRunning: if a live pool owns it.
+        """
+        owner = None
+        async with asyncio.TaskGroup() as starting:
+            starting.create_task(self._warm(zygote))
+            try:
+                await self._offload.run(registry.__enter__)  # may wait
+            except NamespaceInUse as exc:
+                owner = exc.pid
+        if owner is not None:
+            raise PoolAlreadyRunning(self.settings.namespace, owner)
+
+    async def _prepare(self) -> None:
+        """What the children need: other pools' leftovers gone, the token,
+        and a pidfd of this process, whose end ends them."""
+        await self._offload.run(sweep_dead)
+        await self._offload.run(sweep_temp_dirs)
+        namespace, token_file = self.settings.namespace, self.settings.token_file
+        given = None
+        if token_file or os.environ.get(auth.TOKEN_ENV):
+            given = auth.token_for(namespace, token_file)
+        auth.create_token(namespace, given)
+        self._parent_fd = os.pidfd_open(os.getpid())
 
     async def _warm(self, zygote: Zygote) -> None:
         """Start the zygote; without it, children start the slow way."""
@@ -247,7 +181,7 @@ class Supervisor:
         self._zygote = zygote
 
     async def _supervise(self, stop: asyncio.Event, kill_now: asyncio.Event) -> None:
-        ns = self.options.namespace
+        ns = self.settings.namespace
         async with asyncio.TaskGroup() as group:
             self._group = group
             self._spawn(self._follow())
@@ -257,11 +191,11 @@ class Supervisor:
             try:
                 await self._start_all()
                 await self._until_registered()
-                if self.options.discovery_url:  # for clients of other machines
+                if self.settings.discovery_url:  # for clients of other machines
                     announced = asyncio.Event()
                     announcing = self._spawn(
                         rendezvous.announce(
-                            self.options.discovery_url,
+                            self.settings.discovery_url,
                             ns,
                             lambda: self.remote,
                             announced,
@@ -269,15 +203,15 @@ class Supervisor:
                     )
                     await announced.wait()  # findable once it says "ready"
                 ready: dict[str, Any] = {
-                    "namespace": self.options.namespace,
+                    "namespace": self.settings.namespace,
                     "workers": len(self._workers),
                     "address": self.address,
                 }
-                if self.options.paths:
-                    ready["path"] = ":".join(self.options.paths)
+                if self.settings.paths:
+                    ready["path"] = ":".join(self.settings.paths)
                 self.view.note("ready", **ready)
                 self._ready = True
-                self._tell_dispatcher(started=True)
+                await self._control.send(started=True)
                 if self._on_ready is not None:
                     self._on_ready()
                 await stop.wait()
@@ -286,7 +220,7 @@ class Supervisor:
                 for task in (restarting, announcing):  # no more restarts; no
                     if task is not None:  # new clients from other machines
                         task.cancel()
-                self.view.note("stopping", namespace=self.options.namespace)
+                self.view.note("stopping", namespace=self.settings.namespace)
                 await self._stop_all(kill_now)
                 if self._relays:  # the children's last lines (a grandchild
                     # that kept their pipe open is not waited for long)
@@ -305,48 +239,12 @@ class Supervisor:
     # -- starting ------------------------------------------------------------
 
     async def _start_all(self) -> None:
-        opts = self.options
-        common = ["--namespace", opts.namespace]  # (and the descriptors: _start)
-        if opts.discovery_url:
-            common += ["--discovery", opts.discovery_url]
-        host = ["--host", opts.host] if opts.host else []
-        dispatcher = Child(
-            "dispatcher",
-            "pool.dispatcher.server",
-            [
-                *common,
-                *host,
-                *(("--port", str(opts.port)) if opts.port else ()),
-                *(("--advertise", opts.advertise) if opts.advertise else ()),
-                *(
-                    ("--tls-cert", opts.tls[0], "--tls-key", opts.tls[1])
-                    if opts.tls
-                    else ()
-                ),
-                *("--no-worker-timeout-s", str(opts.no_worker_timeout_s)),
-                *("--max-queued", str(opts.max_queued)),
-                *(("--tls-ca", opts.tls_ca) if opts.tls_ca else ()),
-            ],
-        )
+        settings = self.settings
+        dispatcher = Child("dispatcher", DISPATCHER_ENTRY, settings.dispatcher())
         self._dispatcher = dispatcher
-        worker_argv = [
-            *common,
-            *host,
-            *("--concurrency", str(opts.concurrency)),
-            *("--grace-s", str(opts.grace_s)),
-            *("--max-args-bytes", str(opts.max_args_bytes)),
-        ]
-        if opts.tags:
-            worker_argv += ["--tags", ",".join(opts.tags)]
-        for path in opts.paths:
-            worker_argv += ["--path", path]
-        if opts.reload:
-            worker_argv.append("--reload")
-        if opts.tls and opts.host:  # the dispatcher's certificate, theirs too
-            worker_argv += ["--tls-cert", opts.tls[0], "--tls-key", opts.tls[1]]
+        worker = settings.worker()
         self._workers = [
-            Child(f"worker-{i}", "workers.process", worker_argv)
-            for i in range(opts.workers)
+            Child(f"worker-{i}", WORKER_ENTRY, worker) for i in range(settings.workers)
         ]
         # All at once: workers need only the registry and the token, and the
         # dispatcher finds them in the registry whenever it comes up. A worker
@@ -368,14 +266,14 @@ class Supervisor:
         """Start a child, wait for its READY line, and watch it from then on."""
         child.ready = {}
         ready_read, ready_write = os.pipe()
-        fds = {"--ready-fd": ready_write, "--parent-fd": self._parent_fd}
+        fds = {"ready_fd": ready_write, "parent_fd": self._parent_fd}
         control_read = output_read = -1
         if child is self._dispatcher:
             control_read, control_write = os.pipe()
-            self._replace_control(control_write)
-            fds["--control-fd"] = control_read
-        if self.options.capture_output:
-            output_read, fds["--output-fd"] = os.pipe()
+            await self._control.attach(control_write)
+            fds["control_fd"] = control_read
+        if self.settings.capture_output:
+            output_read, fds["output_fd"] = os.pipe()
         try:
             process = await self._fork_or_spawn(child, fds)
         except BaseException:
@@ -383,7 +281,7 @@ class Supervisor:
                 os.close(output_read)
             raise
         finally:
-            for fd in (ready_write, control_read, fds.get("--output-fd", -1)):
+            for fd in (ready_write, control_read, fds.get("output_fd", -1)):
                 if fd >= 0:
                     os.close(fd)
         if output_read >= 0:
@@ -403,9 +301,9 @@ class Supervisor:
             self.remote = rendezvous.Announced(
                 child.ready.get("remote", self.address), bool(child.ready.get("tls"))
             )
-            _write_private(self.options.namespace, ADDRESS_FILE, self.address)
+            _write_private(self.settings.namespace, ADDRESS_FILE, self.address)
             if self._ready:
-                self._tell_dispatcher(started=True)
+                await self._control.send(started=True)
         self.view.note(f"{child.kind}-started", pid=process.pid)
         self._spawn(self._watch(child))
 
@@ -422,26 +320,10 @@ class Supervisor:
         interpreter instead (slower, and otherwise the same)."""
         if self._zygote is not None and self._zygote.ready:
             try:
-                return await self._zygote.spawn(f"{child.module}:main", child.argv, fds)
+                return await self._zygote.spawn(child.entry, child.settings, fds)
             except ZygoteUnavailable as exc:
                 self.view.note("zygote-failed", name=child.name, error=str(exc))
-        argv = [sys.executable, "-m", child.module, *child.argv]
-        for option, fd in fds.items():
-            argv += [option, str(fd)]
-        return spawn(argv, pass_fds=list(fds.values()))
-
-    def _replace_control(self, write_fd: int) -> None:
-        if self._control_fd >= 0:
-            os.close(self._control_fd)
-        os.set_blocking(write_fd, False)
-        self._control_fd = write_fd
-
-    def _tell_dispatcher(self, **order: Any) -> None:
-        """One control line to the dispatcher; dropped if it is not reading."""
-        if self._control_fd < 0:
-            return
-        with contextlib.suppress(BlockingIOError, BrokenPipeError):
-            os.write(self._control_fd, (json.dumps(order) + "\n").encode())
+        return spawn(child.argv(fds), pass_fds=list(fds.values()))
 
     async def _watch(self, child: Child) -> None:
         """Reap the child when it exits; replace it unless stopping."""
@@ -449,18 +331,17 @@ class Supervisor:
         code = await child.process.wait()
         self.view.note(f"{child.kind}-exited", pid=child.pid, **exit_fields(code))
         if child is not self._dispatcher:
-            self._tell_dispatcher(
+            await self._control.send(
                 exit={"pid": child.pid, "status": describe_exit(code)}
             )
-        if self._stopping:
+        delay = next_start(
+            child, restart=self.settings.restart, stopping=self._stopping
+        )
+        if delay is None:
+            if not self._stopping:
+                self.view.note(f"{child.kind}-not-replaced", pid=child.pid)
             return
-        if not self.options.restart:
-            self.view.note(f"{child.kind}-not-replaced", pid=child.pid)
-            return
-        # Back off only for a child that dies before it is ready: one killed
-        # after it served is replaced at once.
-        child.failures = 0 if child.ready else child.failures + 1
-        await asyncio.sleep(restart_delay(child.failures))  # the back-off itself
+        await asyncio.sleep(delay)  # the back-off itself
         if self._stopping:
             return
         try:
@@ -473,7 +354,7 @@ class Supervisor:
 
     async def _follow(self) -> None:
         events = backends.subscriber_for(
-            self.options.namespace, self.options.discovery_url
+            self.settings.namespace, self.settings.discovery_url
         )
         async for event in events:
             info = event.worker_info
@@ -490,13 +371,13 @@ class Supervisor:
 
     async def _replace_if_stuck(self, uid: str, pid: int) -> None:
         """Stop a worker still stuck after the grace period (it is replaced)."""
-        await asyncio.sleep(self.options.stuck_grace_s)  # the grace period
+        await asyncio.sleep(self.settings.stuck_grace_s)  # the grace period
         if self._stopping or self._status.get(uid) != "stuck":
             return
         for child in self._workers:
             if child.pid == pid and child.process is not None:
                 self.view.note("worker-stuck", pid=pid, uid=uid[:8])
-                await terminate([child.process], self.options.grace_s, asyncio.Event())
+                await terminate([child.process], self.settings.grace_s, asyncio.Event())
 
     async def _until_registered(self) -> None:
         """Wait until every worker is ready and this view has seen it added."""
@@ -519,9 +400,9 @@ class Supervisor:
     async def _stop_all(self, kill_now: asyncio.Event) -> None:
         """Drain: the dispatcher first hears of it, then the workers finish,
         then the dispatcher delivers the last results and stops."""
-        self._tell_dispatcher(drain=True)
+        await self._control.send(drain=True)
         workers = [c.process for c in self._workers if c.process is not None]
-        await terminate(workers, self.options.grace_s + 5, kill_now)
+        await terminate(workers, self.settings.grace_s + 5, kill_now)
         if self._dispatcher is None or self._dispatcher.process is None:
             return
         if kill_now.is_set():
@@ -529,21 +410,6 @@ class Supervisor:
         else:
             grace_s, hurry = DISPATCHER_STOP_S, kill_now
         await terminate([self._dispatcher.process], grace_s, hurry)
-
-
-def restart_delay(failures: int) -> float:
-    """Seconds before restarting a child that failed to start ``failures``
-    times in a row: none for the first restart, then 0.1 s doubling to 10 s."""
-    if failures <= 0:
-        return 0.0
-    first, cap = BACKOFF_S
-    return float(min(cap, first * 2 ** (failures - 1)))
-
-
-def _first_error(group: BaseExceptionGroup) -> BaseException:
-    """The first error in a (nested) exception group, to report as itself."""
-    first = group.exceptions[0]
-    return _first_error(first) if isinstance(first, BaseExceptionGroup) else first
 
 
 def _write_private(namespace: str, name: str, text: str) -> None:

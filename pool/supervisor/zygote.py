@@ -27,91 +27,23 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import io
 import os
 import select
 import shlex
-import shutil
 import signal
 import sys
-from collections.abc import Callable, Mapping, Sequence
-from multiprocessing import (
-    context,
-    forkserver,
-    process,
-    reduction,
-    resource_tracker,
-    util,
-)
-from pathlib import Path
-from typing import Final
+from collections.abc import Callable, Mapping
+from multiprocessing import context, forkserver, process, reduction, resource_tracker
+from typing import Any, Final
 
 import setproctitle
 
-from discovery import paths
-from discovery.liveness import pid_namespace
+from pool.supervisor.sweep import use_private_temp_dir
+from workers.settings import to_argv
 
 PRELOAD: Final = ["pool.supervisor.preload"]
-
-
-# multiprocessing keeps the forkserver's socket in a temporary directory
-# (``/tmp/pymp-*``), removed at exit, and left behind by a process that is
-# killed. This process's goes in the runtime directory instead, named after
-# its pid namespace and pid, and the next pool to start removes those of
-# dead processes.
-TEMP_PREFIX: Final = "mp-"
-
-
-def temp_dir_of(pid: int) -> Path:
-    """The temporary directory :func:`use_private_temp_dir` gives process
-    ``pid`` (of this pid namespace)."""
-    return paths.runtime_dir() / f"{TEMP_PREFIX}{pid_namespace()}-{pid}"
-
-
-def use_private_temp_dir() -> None:
-    """Give this process's ``multiprocessing`` a temporary directory in the
-    runtime directory, unless it has one already; it is removed at exit."""
-    config = process.current_process()._config  # type: ignore[attr-defined]
-    if config.get("tempdir") is not None:
-        return
-    path = temp_dir_of(os.getpid())
-    path.mkdir(mode=0o700, exist_ok=True)
-    config["tempdir"] = str(path)
-    # As multiprocessing registers its own: after every other finalizer.
-    util.Finalize(None, _remove_temp_dir, args=(str(path),), exitpriority=-100)
-
-
-def _remove_temp_dir(path: str) -> None:
-    shutil.rmtree(path, ignore_errors=True)
-    if (current := process.current_process()) is not None:
-        current._config["tempdir"] = None  # type: ignore[attr-defined]
-
-
-def sweep_temp_dirs() -> None:
-    """Remove the temporary directories of dead processes (see
-    :func:`use_private_temp_dir`). Never raises."""
-    with contextlib.suppress(OSError):
-        for entry in os.scandir(paths.runtime_dir()):
-            name = entry.name
-            if not name.startswith(TEMP_PREFIX) or not entry.is_dir(
-                follow_symlinks=False
-            ):
-                continue
-            pidns, _, pid = name[len(TEMP_PREFIX) :].partition("-")
-            # (Another pid namespace's, such as a container's, is not ours to
-            # judge.)
-            if pidns == str(pid_namespace()) and pid.isdigit() and not _alive(int(pid)):
-                shutil.rmtree(entry.path, ignore_errors=True)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 class ZygoteUnavailable(RuntimeError):
@@ -206,7 +138,7 @@ class Zygote:
             self.pid = self._server._forkserver_pid or 0  # type: ignore[attr-defined]
             self._close_pidfd()
             self._pidfd = os.pidfd_open(self.pid)
-            probe = await self._fork(None, [], {})
+            probe = await self._fork(None, None, {})
         except (OSError, EOFError, ValueError) as exc:
             raise ZygoteUnavailable(f"the zygote did not start: {exc}") from exc
         code = await probe.wait()
@@ -230,12 +162,11 @@ class Zygote:
             await asyncio.sleep(delay)  # the back-off itself
             delay = min(delay * 2, 10.0)
 
-    async def spawn(
-        self, entry: str, argv: Sequence[str], fds: Mapping[str, int]
-    ) -> Forked:
+    async def spawn(self, entry: str, settings: Any, fds: Mapping[str, int]) -> Forked:
         """Fork a child that runs ``entry`` (``"module:function"``, called
-        with ``argv`` plus ``OPTION FD`` for each of ``fds``; its return value
-        is the exit status). ``fds`` stay open here; the child gets copies.
+        with ``settings``, a dataclass, whose fields named in ``fds`` are set
+        to the child's copies of those descriptors; its return value is the
+        exit status). ``fds`` stay open here.
 
         :raises ZygoteUnavailable: if the zygote is not running.
         """
@@ -245,18 +176,17 @@ class Zygote:
             self.ready = False
             raise ZygoteUnavailable("the zygote is not running")
         try:
-            return await self._fork(entry, argv, fds)
+            return await self._fork(entry, settings, fds)
         except (OSError, EOFError) as exc:
             if _exited(self._pidfd):  # else this one failed, not the zygote
                 self.ready = False  # (and watch starts another)
             raise ZygoteUnavailable(f"the zygote did not fork: {exc!r}") from exc
 
     async def _fork(
-        self, entry: str | None, argv: Sequence[str], fds: Mapping[str, int]
+        self, entry: str | None, settings: Any, fds: Mapping[str, int]
     ) -> Forked:
-        options = list(fds)
         pid, sentinel = await asyncio.to_thread(
-            self._launch, (entry, list(argv), options), list(fds.values())
+            self._launch, (entry, settings, list(fds)), list(fds.values())
         )
         return Forked(pid, sentinel)
 
@@ -306,7 +236,7 @@ def _preparation() -> dict[str, object]:
     }
 
 
-def _enter(entry: str | None, argv: list[str], options: list[str]) -> None:
+def _enter(entry: str | None, settings: Any, fields: list[str]) -> None:
     """In the forked child: shed what it inherited, then run ``entry``."""
     passed = forkserver.get_inherited_fds() or []
     keep = {0, 1, 2, *passed}
@@ -325,13 +255,13 @@ def _enter(entry: str | None, argv: list[str], options: list[str]) -> None:
     os.setsid()
     if entry is None:  # the probe that tells the zygote is warm
         return
-    for option, fd in zip(options, passed, strict=True):
-        argv += [option, str(fd)]
+    settings = dataclasses.replace(settings, **dict(zip(fields, passed, strict=True)))
     module, _, function = entry.partition(":")
     # What `ps` shows: the command that would have started it the slow way.
-    setproctitle.setproctitle(shlex.join([sys.executable, "-m", module, *argv]))
-    main = getattr(__import__(module, fromlist=[function]), function)
-    sys.exit(main(argv))
+    title = [sys.executable, "-m", module, *to_argv(settings)]
+    setproctitle.setproctitle(shlex.join(title))
+    run = getattr(__import__(module, fromlist=[function]), function)
+    sys.exit(run(settings))
 
 
 def _exited(pidfd: int) -> bool:

@@ -6,6 +6,7 @@ import asyncio
 import concurrent.futures
 import threading
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -133,3 +134,34 @@ def test_no_matching_worker_fails_at_once_in_a_started_pool() -> None:
 def test_client_without_pool_says_how_to_start_one(namespace: str) -> None:
     with pytest.raises(PoolNotRunning, match=r"start one with `python -m pool up"):
         Client(namespace)
+
+
+def test_max_pending_holds_submit_until_a_future_is_done(
+    pool: Pool, tmp_path: Path
+) -> None:
+    """With max_pending=2 and two tasks held by a gate, a third submit waits
+    (as put on a full queue.Queue does) and returns once one of them is done;
+    a cancelled future frees its room too."""
+    gate = tmp_path / "gate"
+    with Client(pool.namespace, max_pending=2) as client:
+        held = [client.submit(sample_tasks.gated, str(gate), i) for i in range(2)]
+        returned = threading.Event()
+        third: list[concurrent.futures.Future[int]] = []
+
+        def submit_third() -> None:
+            third.append(client.submit(sample_tasks.square, 3))
+            returned.set()
+
+        thread = threading.Thread(target=submit_third)
+        thread.start()
+        try:
+            # (A bounded look: a slow machine can only let this pass wrongly,
+            # never fail it wrongly; the gate below is what frees the room.)
+            assert not returned.wait(0.5), "submit did not wait for room"
+        finally:
+            gate.touch()
+        thread.join(30)
+        assert returned.is_set() and third[0].result(30) == 9
+        assert [f.result(30) for f in held] == [0, 1]
+    with pytest.raises(ValueError, match="max_pending must be at least 1, got 0"):
+        Client(pool.namespace, max_pending=0)

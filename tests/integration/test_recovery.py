@@ -15,7 +15,7 @@ import pytest
 
 from discovery import list_workers, paths
 from pool import Client, Pool, WorkerLost
-from pool.supervisor import zygote as zygote_module
+from pool.supervisor import sweep
 from tests import sample_tasks
 from tests.helpers import ROOT, children_of, wait_until
 from tests.pools import RunningPool, processes_mentioning, running_pool
@@ -87,7 +87,7 @@ def test_sigkilled_supervisor_leaves_nothing_running_and_is_replaced(
         assert (paths.SHM_DIR / paths.segment_name(namespace)).exists()  # stale
     finally:
         first.close()
-    leftover = zygote_module.temp_dir_of(first.proc.pid)
+    leftover = sweep.temp_dir_of(first.proc.pid)
     assert leftover.is_dir()  # multiprocessing's temporary directory, for the zygote
     with running_pool(namespace, "--workers", "2"), Client(namespace) as client:
         assert client.submit(sample_tasks.square, 7).result(timeout=30) == 49

@@ -41,7 +41,8 @@ def test_the_console_script_runs_the_command_line() -> None:
 
 
 def test_submit_takes_positional_then_keyword_literals() -> None:
-    from pool.cli import UsageError, _call
+    from pool.cli.common import UsageError
+    from pool.cli.submit import _call
 
     assert _call(["1", "'a=b'", "x=[1, 2]", "y={'k': None}"]) == (
         [1, "a=b"],

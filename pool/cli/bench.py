@@ -1,0 +1,82 @@
+"""``pool bench``: speed and memory, side by side with the standard pools
+(see ``benchmarks/README.md``)."""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+
+from pool.cli.common import UsageError
+from pool.client.executor import Client
+
+
+def add(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    bench = commands.add_parser(
+        "bench",
+        help="measure speed and memory, side by side with the standard pools",
+        description="Run the standard benchmark set (start, round trip, submit "
+        "and map throughput, CPU-bound work, memory, replacement of a killed "
+        "worker) against a pool started in this process, or a running one "
+        "with --namespace, and print medians; with --peers, beside "
+        "ProcessPoolExecutor and multiprocessing.Pool of as many workers, as "
+        "ratios. See benchmarks/README.md for what each figure means.",
+    )
+    bench.add_argument(
+        "-n",
+        "--namespace",
+        help="measure this running pool (default: start one in this process; "
+        "start, replacement and CPU-bound figures need that)",
+    )
+    bench.add_argument(
+        "--workers", type=int, default=8, help="workers of each pool (default 8)"
+    )
+    bench.add_argument(
+        "--runs", type=int, default=3, help="runs to take the median of (default 3)"
+    )
+    bench.add_argument(
+        "--tasks",
+        type=int,
+        default=100_000,
+        help="no-op tasks of the map figure (default 100000)",
+    )
+    bench.add_argument(
+        "--peers",
+        action="store_true",
+        help="measure ProcessPoolExecutor and multiprocessing.Pool too",
+    )
+    bench.add_argument(
+        "--chart",
+        metavar="PNG",
+        help="also write a bar chart of the ratios (needs --peers and the "
+        "`bench` extra: pip install 'shm-pool[bench]')",
+    )
+    bench.set_defaults(run=run_bench)
+
+
+def run_bench(args: argparse.Namespace) -> int:
+    from rich.console import Console
+
+    from pool import bench
+
+    if args.workers < 1 or args.runs < 1 or args.tasks < 1:
+        raise UsageError("--workers, --runs and --tasks must be at least 1")
+    if args.chart and not args.peers:
+        raise UsageError("--chart draws the ratios to the peers: add --peers")
+    if args.chart and importlib.util.find_spec("matplotlib") is None:
+        raise UsageError("--chart needs matplotlib: pip install 'shm-pool[bench]'")
+    if args.namespace is not None:
+        Client(args.namespace).shutdown()  # a clear error if it is not running
+    settings = bench.Settings(
+        workers=args.workers,
+        runs=args.runs,
+        tasks=args.tasks,
+        namespace=args.namespace,
+        peers=args.peers,
+    )
+    console = Console()
+    results = bench.run(settings, console)
+    console.print(bench.table(results, settings))
+    if args.chart:
+        bench.chart(results, args.chart)
+        console.print(f"chart: {args.chart}")
+    return 0

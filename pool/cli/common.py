@@ -1,0 +1,82 @@
+"""What every command of ``python -m pool`` shares: the usage error (exit
+2), the namespace option (``-n``), the options that reach a pool of
+another machine, and printing errors, each on its own line."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from discovery import DiscoveryError, backends
+from pool.errors import PoolError, leaves
+from workers.protocol.errors import TaskError
+from workers.settings import NAMESPACE, existing_file
+
+# What a command reports as one line, exit status 1 (anything else is a bug,
+# shown with its traceback).
+EXPECTED = (PoolError, DiscoveryError, TaskError, OSError)
+
+
+class UsageError(Exception):
+    """A command-line argument that cannot be used as given."""
+
+
+def add_namespace(parser: argparse.ArgumentParser, help: str | None = None) -> None:
+    parser.add_argument(
+        NAMESPACE.short or "-n",
+        "--namespace",
+        default=NAMESPACE.default,
+        help=help or f"{NAMESPACE.help} (default: {NAMESPACE.default})",
+    )
+
+
+def add_remote(parser: argparse.ArgumentParser, *, token: bool = True) -> None:
+    """Options to reach a pool of another machine through its Redis."""
+    parser.add_argument(
+        "--discovery",
+        metavar="URL",
+        help="reach the pool through the Redis it registers in (`pool up "
+        "--discovery redis://HOST:PORT`), from any machine (default: the pool "
+        "of this machine)",
+    )
+    if token:
+        parser.add_argument(
+            "--token-file",
+            metavar="PATH",
+            help="with --discovery: the pool's token (else $SHMPOOL_TOKEN, else "
+            "this machine's pool's)",
+        )
+        parser.add_argument(
+            "--tls-ca",
+            metavar="PEM",
+            help="with --discovery: the CA of a dispatcher that serves TLS "
+            "(`pool up --tls-cert`; default: the system's roots)",
+        )
+
+
+def remote_url(args: argparse.Namespace) -> str | None:
+    """The ``--discovery`` URL, checked; and the files given with it.
+
+    :raises UsageError: for a URL we cannot use, or a file that is missing.
+    """
+    try:
+        for flag in ("--token-file", "--tls-ca"):
+            path = getattr(args, flag[2:].replace("-", "_"), None)
+            if path is not None:
+                existing_file(flag)(path)
+        return backends.check_url(args.discovery)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+
+
+def report(error: BaseException) -> int:
+    """Print each error ``error`` holds on its own line; the exit status.
+
+    :raises BaseException: ``error`` itself if it holds an unexpected one.
+    """
+    found = list(leaves(error))
+    if not all(isinstance(e, (UsageError, *EXPECTED)) for e in found):
+        raise error
+    for each in found:
+        print(f"pool: error: {each}", file=sys.stderr)
+    return 2 if any(isinstance(e, UsageError) for e in found) else 1

@@ -1,0 +1,250 @@
+"""``pool workers``, ``pool watch`` and ``pool ls``: what runs, as it happens,
+and what dead pools left. They read the registry and ask the dispatcher;
+none changes a pool (``ls --clean`` removes only what dead ones left)."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import os
+import sys
+import uuid
+from collections.abc import AsyncIterable
+from pathlib import Path
+from typing import Any
+
+import grpc
+import uvloop
+
+from discovery import (
+    DiscoveryError,
+    DiscoveryEvent,
+    Subscriber,
+    backends,
+    list_workers,
+    namespaces,
+    owner_pid,
+    paths,
+    sweep_dead,
+)
+from pool.cli.common import add_namespace, add_remote, remote_url
+from pool.client.rendezvous import Locator
+from pool.dispatcher_pb2 import ListWorkersRequest
+from pool.dispatcher_pb2_grpc import DispatcherStub
+from pool.errors import PoolNotRunning
+from pool.supervisor.sweep import sweep_temp_dirs
+from pool.supervisor.view import PlainView, describe, line
+from workers.protocol import auth
+
+
+def add(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    workers = commands.add_parser(
+        "workers",
+        help="list the registered workers (read from shared memory), with what "
+        "the dispatcher has sent each and has queued",
+        description="List the workers registered in NAMESPACE's shared memory, "
+        "one line each (a table on a terminal): pid, address, status, tasks "
+        "running and done, and how many the dispatcher has sent each; then "
+        "how many tasks wait in the dispatcher.",
+    )
+    add_namespace(workers)
+    add_remote(workers)
+    workers.set_defaults(run=run_workers)
+
+    watch = commands.add_parser(
+        "watch",
+        help="print worker events as they happen (Ctrl-C to stop)",
+        description="Print each worker-added, worker-updated and worker-dropped "
+        "event of NAMESPACE as it happens, one line each, until Ctrl-C. A "
+        "namespace with no pool yet is waited for.",
+    )
+    add_namespace(watch)
+    add_remote(watch, token=False)
+    watch.add_argument(
+        "--timeout-s",
+        type=float,
+        metavar="SECONDS",
+        help="stop after this long; exit 1 if no pool showed a worker by then "
+        "(default: until Ctrl-C)",
+    )
+    watch.set_defaults(run=run_watch)
+
+    ls = commands.add_parser(
+        "ls",
+        help="list this user's pools, and what dead ones left",
+        description="List every pool in this user's runtime directory: its "
+        "namespace, owner pid (or `dead` for leftovers of a pool that was "
+        "killed), workers, shared-memory segment and runtime directory, so a "
+        "segment seen in /dev/shm can be traced to its pool. Segments of this "
+        "user that no pool here names are listed too (another runtime "
+        "directory's, or a leak).",
+    )
+    ls.add_argument(
+        "--clean",
+        action="store_true",
+        help="remove what dead pools left (segments and files); live pools "
+        "are never touched",
+    )
+    ls.set_defaults(run=run_ls)
+
+
+def run_workers(args: argparse.Namespace) -> int:
+    locator = Locator(args.namespace, remote_url(args), args.token_file, args.tls_ca)
+    if locator.discovery_url is None:
+        if owner_pid(args.namespace) is None:
+            raise PoolNotRunning(args.namespace)
+        infos = list_workers(args.namespace)
+    else:
+        from discovery.redis import registered
+
+        backends.check_reachable(locator.discovery_url)
+        infos = registered(locator.discovery_url, args.namespace)
+    infos = sorted(infos, key=lambda info: (info.pid, info.address))
+    routing = _dispatcher_view(locator)
+    columns = ["pid", "uid", "address", "status", "running", "done"]
+    if routing is not None:
+        columns.append("in_flight")
+    rows = []
+    for info in infos:
+        fields = describe(info)
+        if routing is not None:
+            fields["in_flight"] = routing[0].get(str(info.uid), 0)
+        rows.append(fields)
+    queued = f", {routing[1]} queued" if routing is not None else ""
+    if sys.stdout.isatty():
+        from rich.console import Console
+        from rich.table import Table
+
+        table = Table(title=f"{len(infos)} workers in {args.namespace!r}{queued}")
+        for column in columns:
+            table.add_column(column)
+        for fields in rows:
+            table.add_row(*(str(fields[c]) for c in columns))
+        Console().print(table)
+        return 0
+    for fields in rows:
+        print(line("worker", {c: fields[c] for c in columns}))
+    if routing is not None:
+        print(line("dispatcher", {"queued": routing[1]}))
+    return 0
+
+
+def _dispatcher_view(locator: Locator) -> tuple[dict[str, int], int] | None:
+    """What the dispatcher has sent each worker (by uid) and has queued, or
+    None when no dispatcher answers."""
+    try:
+        target = locator.locate_now()
+        channel = (
+            grpc.secure_channel(target.address, locator.credentials())
+            if target.tls
+            else grpc.insecure_channel(target.address)
+        )
+    except PoolNotRunning:
+        return None
+    with channel:
+        stub = DispatcherStub(channel)  # type: ignore[no-untyped-call]
+        try:
+            reply = stub.ListWorkers(
+                ListWorkersRequest(),
+                metadata=auth.call_metadata(target.token),
+                timeout=5,
+            )
+        except grpc.RpcError:
+            return None
+    in_flight = {str(uuid.UUID(bytes=s.info.uid)): s.in_flight for s in reply.workers}
+    return in_flight, reply.queued
+
+
+def run_watch(args: argparse.Namespace) -> int:
+    view = PlainView()
+    seen = 0
+
+    url = remote_url(args)
+    events: AsyncIterable[DiscoveryEvent] = Subscriber(args.namespace)
+    if url is not None:
+        from discovery.redis import RedisSubscriber
+
+        events = RedisSubscriber(url, args.namespace)
+
+    async def follow() -> None:
+        nonlocal seen
+        async with asyncio.timeout(args.timeout_s):
+            async for event in events:
+                seen += 1
+                view.event(event)
+
+    if url is None and owner_pid(args.namespace) is None:
+        print(f"waiting for a pool in namespace {args.namespace!r}", file=sys.stderr)
+    try:
+        uvloop.run(follow())
+    except TimeoutError:
+        if not seen:
+            raise PoolNotRunning(
+                args.namespace, f"none started within {args.timeout_s:g} s"
+            ) from None
+    return 0
+
+
+def run_ls(args: argparse.Namespace) -> int:
+    if args.clean:
+        for namespace in sweep_dead():
+            print(f"removed what the dead pool {namespace!r} left")
+        sweep_temp_dirs()
+    rows = []
+    for entry in namespaces():
+        workers: object = "-"
+        if entry.owner_pid is not None:
+            with contextlib.suppress(DiscoveryError):
+                workers = len(list_workers(entry.namespace))
+        rows.append(
+            {
+                "namespace": entry.namespace,
+                "owner": entry.owner_pid or "dead",
+                "workers": workers,
+                "segment": entry.segment if entry.segment_exists else "-",
+                "runtime": entry.directory,
+            }
+        )
+    named = {e.segment.name for e in namespaces()}
+    strays = [p for p in _own_segments() if p.name not in named]
+    if sys.stdout.isatty():
+        _print_table(rows, strays)
+        return 0
+    for row in rows:
+        print(line("pool", row))
+    for path in strays:
+        print(line("segment", {"path": path, "pool": "unknown"}))
+    return 0
+
+
+def _own_segments() -> list[Path]:
+    """This user's pool segments in /dev/shm."""
+    try:
+        found = list(paths.SHM_DIR.glob(f"{paths.SEGMENT_PREFIX}*"))
+    except OSError:
+        return []
+    mine = []
+    for path in found:
+        with contextlib.suppress(OSError):
+            if path.stat().st_uid == os.geteuid():
+                mine.append(path)
+    return sorted(mine)
+
+
+def _print_table(rows: list[dict[str, Any]], strays: list[Path]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=f"{len(rows)} pools in {paths.runtime_dir()}")
+    for column in ("namespace", "owner", "workers", "segment", "runtime"):
+        table.add_column(column, overflow="fold")
+    for row in rows:
+        table.add_row(*(str(value) for value in row.values()))
+    console = Console()
+    console.print(table)
+    for path in strays:
+        console.print(
+            f"{path}: no pool in this runtime directory names it (another "
+            f"runtime directory's, or a leak)"
+        )

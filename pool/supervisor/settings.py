@@ -1,0 +1,175 @@
+"""A pool's settings: ``pool up``'s flags and ``Pool(...)``'s keywords.
+
+:class:`PoolSettings` declares what is the supervisor's own (how many
+workers, restarts, the registry's capacity) and takes the workers' and the
+dispatcher's settings from their own declarations (:mod:`workers.settings`,
+:mod:`pool.dispatcher.settings`), so that a default, a bound or a check is
+written once. :meth:`PoolSettings.worker` and
+:meth:`PoolSettings.dispatcher` compose the settings each child is handed.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+from pool.dispatcher.settings import (
+    MAX_QUEUED_SPEC,
+    NO_WORKER_TIMEOUT_S,
+    TLS_CA,
+    DispatcherSettings,
+)
+from workers.settings import (
+    ADVERTISE,
+    CONCURRENCY,
+    DISCOVERY,
+    GRACE_S,
+    HOST,
+    MAX_ARGS_BYTES_SPEC,
+    NAMESPACE,
+    PATHS,
+    PORT,
+    RELOAD,
+    TAGS,
+    TLS_CERT,
+    TLS_KEY,
+    TOKEN_FILE,
+    SettingError,
+    Spec,
+    WorkerSettings,
+    check,
+    check_tcp,
+)
+
+WORKERS = Spec(
+    os.cpu_count() or 1,
+    "worker processes to start and keep; 0 only with --discovery or "
+    "--external-workers, for a pool whose workers all join from elsewhere",
+    shown_default="one per CPU",
+)
+
+
+@dataclass(frozen=True)
+class PoolSettings:
+    """Everything one pool is started with; see the module docstring."""
+
+    namespace: str = NAMESPACE.field()
+    workers: int = WORKERS.field()
+    external_workers: bool = Spec(
+        False,
+        "workers also join from elsewhere on this machine (`python -m workers "
+        "-n NAMESPACE`, say in containers that share its IPC namespace and "
+        "runtime directory): allows --workers 0",
+        form="switch",
+    ).field()
+    concurrency: int = CONCURRENCY.field()
+    tags: tuple[str, ...] = TAGS.field(help="comma-separated worker tags")
+    paths: tuple[str, ...] = PATHS.field(
+        help="add a directory workers import task modules from (repeatable); the "
+        "directory `pool up` runs in is always one, after those given"
+    )
+    reload: bool = RELOAD.field(help="workers " + RELOAD.help)
+    discovery_url: str | None = DISCOVERY.field()
+    tls_ca: str | None = TLS_CA.field()
+    token_file: str | None = TOKEN_FILE.field(
+        help="use the token in PATH (shared with workers on other hosts, which "
+        "read it with `python -m workers --token-file`) instead of a fresh one; "
+        "$SHMPOOL_TOKEN also gives it"
+    )
+    host: str | None = HOST.field()
+    port: int = PORT.field(
+        help="with --host: the dispatcher's TCP port, where clients connect"
+    )
+    advertise: str | None = ADVERTISE.field(
+        help="with --host and --discovery: the dispatcher's address that clients "
+        "of other machines are given, for NAT and containers (default: the bound "
+        "address, or this host's name when --host is 0.0.0.0 or ::)"
+    )
+    tls_cert: str | None = TLS_CERT.field(
+        help="with --host: serve TLS on the TCP ports with this certificate (and "
+        "--tls-key): the dispatcher's, for clients of other machines (this "
+        "machine's use its unix socket), and its workers'"
+    )
+    tls_key: str | None = TLS_KEY.field()
+    max_args_bytes: int = MAX_ARGS_BYTES_SPEC.field(
+        help="largest pickled arguments a task may carry; a larger one fails "
+        "with RESOURCE_EXHAUSTED"
+    )
+    restart: bool = Spec(
+        True,
+        "report dead workers but do not replace them",
+        flag="--no-restart",
+        form="switch",
+    ).field()
+    grace_s: float = GRACE_S.field(help="how long draining workers may finish tasks")
+    capacity: int = Spec(
+        128, "registry slots (at least twice --workers)", low=1
+    ).field()
+    no_worker_timeout_s: float = NO_WORKER_TIMEOUT_S.field()
+    stuck_grace_s: float = Spec(
+        60.0,
+        "replace a worker whose every thread is held by a task that timed out "
+        "or was cancelled, once it has been so this long",
+        low=0,
+    ).field()
+    max_queued: int = MAX_QUEUED_SPEC.field()
+    # Show what children write to stdout and stderr through the view, a line
+    # at a time, prefixed by who wrote it (else they share the caller's).
+    capture_output: bool = Spec(False, "", flag=None).field()
+
+    def __post_init__(self) -> None:
+        check(self)
+        check_tcp(self)
+        joining = self.discovery_url or self.external_workers
+        if self.workers < (0 if joining else 1):
+            raise SettingError(
+                f"workers must be at least {0 if joining else 1}, got {self.workers}"
+                + ("" if joining else "; 0 only with --discovery or --external-workers")
+            )
+        if self.host and self.workers and bool(self.tls_ca) != bool(self.tls_cert):
+            raise SettingError(
+                "with --host, --tls-cert and --tls-ca go together: the workers "
+                "`pool up` puts on TCP serve TLS with the certificate, and the "
+                "dispatcher checks it against the CA (for a self-signed "
+                "certificate, give it as its own CA)"
+            )
+        for name in ("tls_ca", "tls_cert", "tls_key"):
+            if (path := getattr(self, name)) is not None:
+                object.__setattr__(self, name, os.path.abspath(path))
+
+    @property
+    def registry_capacity(self) -> int:
+        """Slots of the registry: room for every worker and a replacement."""
+        return max(self.capacity, 2 * self.workers)
+
+    def worker(self) -> WorkerSettings:
+        """What each worker is started with (its descriptors aside)."""
+        return WorkerSettings(
+            namespace=self.namespace,
+            concurrency=self.concurrency,
+            tags=self.tags,
+            grace_s=self.grace_s,
+            max_args_bytes=self.max_args_bytes,
+            paths=self.paths,
+            reload=self.reload,
+            discovery_url=self.discovery_url,
+            host=self.host,
+            # On TCP, the dispatcher's certificate is theirs too.
+            tls_cert=self.tls_cert if self.host else None,
+            tls_key=self.tls_key if self.host else None,
+        )
+
+    def dispatcher(self) -> DispatcherSettings:
+        """What the dispatcher is started with (its descriptors aside)."""
+        return DispatcherSettings(
+            namespace=self.namespace,
+            discovery_url=self.discovery_url,
+            host=self.host,
+            port=self.port,
+            advertise=self.advertise,
+            tls_cert=self.tls_cert,
+            tls_key=self.tls_key,
+            tls_ca=self.tls_ca,
+            no_worker_timeout_s=self.no_worker_timeout_s,
+            max_queued=self.max_queued,
+        )

@@ -1,0 +1,56 @@
+"""The control pipe never drops an order: a full pipe holds the writer."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+
+import pytest
+
+from pool.supervisor.control import ControlPipe
+
+pytestmark = pytest.mark.timeout(30)
+
+LINES = 3000  # about 300 KB: several times what a pipe holds
+
+
+async def test_a_full_pipe_holds_the_writer_and_loses_nothing() -> None:
+    """Regression: orders were dropped (BlockingIOError) when the dispatcher
+    did not read fast enough."""
+    read_fd, write_fd = os.pipe()
+    pipe = ControlPipe()
+    await pipe.attach(write_fd)
+    padding = "x" * 80
+    sending = asyncio.ensure_future(
+        asyncio.gather(
+            *(pipe.send(exit={"pid": i, "pad": padding}) for i in range(LINES))
+        )
+    )
+    # Nobody reads yet: the writer is held, not failed.
+    done, _ = await asyncio.wait([sending], timeout=0.2)
+    assert not done
+    with os.fdopen(read_fd, "rb") as reader:
+        received = await asyncio.to_thread(_read_lines, reader, LINES)
+        await sending
+    assert [json.loads(line)["exit"]["pid"] for line in received] == list(range(LINES))
+    pipe.close()
+
+
+async def test_orders_for_a_dispatcher_that_is_gone_go_nowhere() -> None:
+    read_fd, write_fd = os.pipe()
+    pipe = ControlPipe()
+    await pipe.attach(write_fd)
+    os.close(read_fd)
+    for _ in range(3):
+        await pipe.send(drain=True)  # no error, and no wait
+    pipe.close()
+
+
+def _read_lines(reader: object, count: int) -> list[bytes]:
+    lines = []
+    for line in reader:  # type: ignore[attr-defined]
+        lines.append(line)
+        if len(lines) == count:
+            break
+    return lines
