@@ -47,7 +47,7 @@ if not __package__:  # run as a file: this file must not shadow the package
 
 from discovery import RedisDiscovery, WorkerInfo
 from discovery.redis import HEARTBEAT_S, TTL_S, RedisPublisher, RedisSubscriber
-from pool.bench import rtt_ms, submit_rate
+from pool.bench.measures import rtt_ms, submit_rate
 from pool.client.embedded import Pool
 from tests.redis_server import RedisServer
 

@@ -8,8 +8,7 @@ from __future__ import annotations
 
 import importlib.util
 from collections.abc import AsyncIterator, Callable
-from types import TracebackType
-from typing import Protocol, Self
+from typing import Any, Protocol, Self
 from uuid import UUID
 
 from discovery.info import DiscoveryEvent, EventType, WorkerInfo
@@ -20,12 +19,7 @@ SCHEMES = ("redis://", "rediss://", "unix://")
 
 class AnyPublisher(Protocol):
     async def __aenter__(self) -> Self: ...
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None: ...
+    async def __aexit__(self, *exc_info: Any) -> None: ...
     async def publish(self, type: EventType, worker_info: WorkerInfo) -> None: ...
 
 

@@ -13,8 +13,7 @@ process.
 from __future__ import annotations
 
 import contextlib
-from types import TracebackType
-from typing import Self
+from typing import Any, Self
 from uuid import uuid4
 
 import discovery.publisher as _pub
@@ -117,12 +116,7 @@ class LocalDiscovery:
             self._release_ownership()
             raise
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    def __exit__(self, *exc_info: Any) -> None:
         self.close()
 
     def close(self) -> None:

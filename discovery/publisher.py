@@ -14,8 +14,7 @@ its liveness locks and its mapping; nothing else.
 from __future__ import annotations
 
 import os
-from types import TracebackType
-from typing import Self, assert_never
+from typing import Any, Self, assert_never
 from uuid import UUID
 
 from discovery import paths
@@ -64,12 +63,7 @@ class Publisher:
         await self._open()
         return self
 
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    async def __aexit__(self, *exc_info: Any) -> None:
         await self.aclose()
 
     async def _open(self) -> tuple[RegistryLock, Registry]:

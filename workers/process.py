@@ -197,7 +197,7 @@ class _Reporter:
         times as many while tasks are short (each message then carries
         many), and one past the free threads while they are long."""
         free = self._service.free_threads
-        pace = self._service.pace
+        pace = self._service.pace.pace
         if pace == "long":
             return max(1, free + 1)
         return max(
@@ -229,7 +229,7 @@ def _counters(service: WorkerService) -> dict[str, str]:
         "stuck": str(service.stuck),
         "done": str(service.done),
         "failed": str(service.failed),
-        "last_ms": f"{service.last_task_s * 1e3:.1f}",
+        "last_ms": f"{service.pace.last_s * 1e3:.1f}",
     }
 
 

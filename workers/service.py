@@ -43,68 +43,24 @@ import queue
 import threading
 import time
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass, field
-from typing import Any, Final, Literal
+from typing import Any, Final
 
 from grpc import aio
 
 from workers import imports
 from workers.offload import Offload
-from workers.protocol import codec, shipping, worker_pb2_grpc
+from workers.protocol import codec, worker_pb2_grpc
 from workers.protocol.errors import BadTask, TaskTimeout
-from workers.protocol.outbox import Outbox
-from workers.protocol.worker_pb2 import Failure, Result, ResultBatch, Task, TaskBatch
+from workers.protocol.worker_pb2 import Result, ResultBatch, Task, TaskBatch
+from workers.running import Entry, PaceMeter, Stream, failed, run_plain
 
-# A stream with this many tasks unanswered is not read until some finish: a
-# caller that ignores the advertised capacity meets gRPC flow control.
-MAX_STREAM_TASKS: Final = 4096
 # Coroutine tasks' arguments larger than this are unpickled off the loop.
 OFFLOAD_ARGS_BYTES: Final = 1 << 20
-# How fast plain tasks have been running (a moving average, each task
-# weighing PACE_WEIGHT), which sets how many the worker takes at once
-# (workers.process): many while they are short, one past its free threads
-# while they are long, so that no task waits behind a long one while
-# another worker is free.
-Pace = Literal["short", "unknown", "long"]
-SHORT_TASK_S: Final = 0.001
-LONG_TASK_S: Final = 0.005
-PACE_WEIGHT: Final = 0.25
+
+
 _ALL_STUCK: Final = (
     "every task thread is held by a task that timed out or was cancelled"
 )
-
-
-@dataclass(eq=False)
-class _Stream:
-    """One Run call: its outbox, its unanswered tasks and its task group."""
-
-    outbox: Outbox = field(default_factory=Outbox)
-    entries: dict[int, _Entry] = field(default_factory=dict)
-    starting: list[_Entry] = field(default_factory=list)  # accepted, not written
-    room: asyncio.Event = field(default_factory=asyncio.Event)
-    group: asyncio.TaskGroup | None = None
-    reading: bool = True
-    shipped: shipping.StreamCache = field(default_factory=shipping.StreamCache)
-
-    def take_starting(self) -> list[_Entry]:
-        starting, self.starting = self.starting, []
-        return starting
-
-
-@dataclass(eq=False, slots=True)
-class _Entry:
-    """A task this worker has accepted and not yet answered."""
-
-    task: Task
-    stream: _Stream
-    code: bytes = b""  # its function's pickle, if it ships one
-    fn: Callable[..., Any] | None = None  # what it calls, once found
-    job: asyncio.Task[None] | None = None  # a coroutine function's run
-    timer: asyncio.TimerHandle | None = None
-    plain: bool = False  # handed to the slot threads
-    running: bool = False  # a slot thread has it (under the claim lock)
-    answered: bool = False  # (plain tasks: set under the claim lock)
-    stuck: bool = False  # answered while its thread still runs it
 
 
 class WorkerService(worker_pb2_grpc.WorkerServicer):
@@ -132,19 +88,19 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
         self._max_args_bytes = max_args_bytes
         self._loop = asyncio.get_running_loop()
         self._on_change = on_change
-        self._plain: queue.SimpleQueue[_Entry | None] = queue.SimpleQueue()
+        self._plain: queue.SimpleQueue[Entry | None] = queue.SimpleQueue()
         self._claim = threading.Lock()  # a slot thread taking an entry vs. the loop
         self._offload = Offload("offload")  # imports, large arguments
         # Plain tasks that ended, waiting for the loop: it takes them all in
         # one callback, so a busy loop is woken once for many.
-        self._ended: list[tuple[_Entry, Result, float]] = []
+        self._ended: list[tuple[Entry, Result, float]] = []
         self._slots = [
             threading.Thread(target=self._slot, name=f"task-{i}", daemon=True)
             for i in range(concurrency)
         ]
         for slot in self._slots:
             slot.start()
-        self._streams: set[_Stream] = set()
+        self._streams: set[Stream] = set()
         self._idle = asyncio.Event()
         self._idle.set()
         self.draining = False
@@ -156,9 +112,7 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
         self.stuck_changed = asyncio.Event()
         self.done = 0
         self.failed = 0
-        self.last_task_s = 0.0  # how long the last plain task ran
-        self._typical_s = 0.0  # a moving average of plain tasks' durations
-        self.pace: Pace = "unknown"
+        self.pace = PaceMeter()  # how long plain tasks run
 
     @property
     def free_threads(self) -> int:
@@ -188,40 +142,37 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
         request_iterator: AsyncIterator[TaskBatch],
         context: aio.ServicerContext[TaskBatch, ResultBatch],
     ) -> None:
-        stream = _Stream()
+        stream = Stream()
         self._streams.add(stream)
         if self._ending:  # (a dispatcher reconnecting to a worker on its way out)
             stream.outbox.close()
+
+        async def write(batch: ResultBatch) -> None:
+            starting = stream.take_starting()  # exactly this batch's
+            await context.write(batch)
+            for entry in starting:
+                self._begin(entry)
+
         try:
             async with asyncio.TaskGroup() as group:
                 stream.group = group
-                reading = group.create_task(self._read(request_iterator, stream))
-                async for batch in stream.outbox.batches():
-                    starting = stream.take_starting()  # exactly this batch's
-                    await context.write(batch)
-                    for entry in starting:
-                        self._begin(entry)
-                # Ended here (drained): what the dispatcher sends from now on
+                # Ended (drained), what the dispatcher sends from then on
                 # finds the stream closed, and it sends the task elsewhere.
-                reading.cancel()
+                await stream.serve(self._read(request_iterator, stream), write)
         finally:
             self._streams.discard(stream)
             for entry in list(stream.entries.values()):  # nobody to answer now
                 self._answer(entry, None)
 
-    async def _read(self, requests: AsyncIterator[TaskBatch], stream: _Stream) -> None:
+    async def _read(self, requests: AsyncIterator[TaskBatch], stream: Stream) -> None:
         async for batch in requests:
             for task in batch.tasks:
                 self._accept(stream, task)
             for task_id in batch.cancel:  # after the tasks: a batch may hold both
                 if (entry := stream.entries.get(task_id)) is not None:
                     self._cancel(entry)
-            while len(stream.entries) >= MAX_STREAM_TASKS:
-                stream.room.clear()
-                await stream.room.wait()
-        stream.reading = False  # the dispatcher closed its side: finish, then end
-        if not stream.entries:
-            stream.outbox.close()
+            await stream.wait_for_room()
+        stream.end_of_input()  # the dispatcher closed its side: finish, then end
 
     # -- accepting and starting ------------------------------------------------
 
@@ -233,28 +184,18 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
     def _busy_reason(self) -> str:
         return "it is draining" if self.draining else _ALL_STUCK
 
-    def _accept(self, stream: _Stream, task: Task) -> None:
-        code = b""
-        if task.digest:  # first, whatever becomes of it: see workers.protocol.shipping
-            try:
-                code = stream.shipped.incoming(task.digest, task.code)
-            except shipping.ShippingError as exc:
-                failure = codec.failure_of(BadTask(str(exc)), remote=False)
-                stream.outbox.put(_failed(task.id, failure))
-                return
-            task.ClearField("code")
-        if task.id in stream.entries:
-            stream.outbox.put(_failed(task.id, codec.id_reused(task.id)))
+    def _accept(self, stream: Stream, task: Task) -> None:
+        if (code := stream.admit(task)) is None:
             return
         try:  # malformed is malformed, whatever this worker's state
             codec.check_timeout(task)
         except BadTask as exc:
-            stream.outbox.put(_failed(task.id, codec.failure_of(exc)))
+            stream.refuse(task.id, codec.failure_of(exc))
             return
         if not self.takes_tasks:
-            stream.outbox.put(_failed(task.id, codec.rejected(self._busy_reason)))
+            stream.refuse(task.id, codec.rejected(self._busy_reason))
             return
-        entry = _Entry(task, stream, code)
+        entry = Entry(task, stream, code)
         stream.entries[task.id] = entry
         self.running += 1
         self._idle.clear()
@@ -262,7 +203,7 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
         stream.starting.append(entry)
         self._on_change()
 
-    def _begin(self, entry: _Entry) -> None:
+    def _begin(self, entry: Entry) -> None:
         """Start a task whose acceptance has been written."""
         if entry.answered:
             return  # cancelled before it started
@@ -273,16 +214,16 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
         assert entry.stream.group is not None
         entry.job = entry.stream.group.create_task(self._find_and_launch(entry))
 
-    async def _find_and_launch(self, entry: _Entry) -> None:
+    async def _find_and_launch(self, entry: Entry) -> None:
         try:
             fn = await self._offload.run(imports.find, entry.task, entry.code)
         except BadTask as exc:
-            self._answer(entry, _failed(entry.task.id, codec.failure_of(exc)))
+            self._answer(entry, failed(entry.task.id, codec.failure_of(exc)))
             return
         if not entry.answered:
             self._launch(entry, fn)
 
-    def _launch(self, entry: _Entry, fn: Callable[..., Any]) -> None:
+    def _launch(self, entry: Entry, fn: Callable[..., Any]) -> None:
         task = entry.task
         if task.chunk:
             fn = functools.partial(codec.run_chunk, fn)
@@ -293,12 +234,12 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
             assert entry.stream.group is not None
             entry.job = entry.stream.group.create_task(self._run_coroutine(entry, fn))
         elif self.free_threads == 0:  # every thread is stuck: let another worker
-            self._answer(entry, _failed(task.id, codec.rejected(_ALL_STUCK)))
+            self._answer(entry, failed(task.id, codec.rejected(_ALL_STUCK)))
         else:
             entry.plain = True
             self._plain.put(entry)
 
-    async def _run_coroutine(self, entry: _Entry, fn: Callable[..., Any]) -> None:
+    async def _run_coroutine(self, entry: Entry, fn: Callable[..., Any]) -> None:
         task = entry.task
         try:
             if len(task.args) > OFFLOAD_ARGS_BYTES:
@@ -312,9 +253,9 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
         except asyncio.CancelledError:
             raise  # cancelled by the caller, a timeout or a hang-up: answered there
         except BadTask as exc:
-            result = _failed(task.id, codec.failure_of(exc, remote=False))
+            result = failed(task.id, codec.failure_of(exc, remote=False))
         except BaseException as exc:  # a task's SystemExit must not end the worker
-            result = _failed(task.id, codec.failure_of(exc))
+            result = failed(task.id, codec.failure_of(exc))
         self._answer(entry, result)
 
     def _slot(self) -> None:
@@ -325,7 +266,7 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
                     continue  # cancelled, timed out or handed back before it ran
                 entry.running = True
             started = time.perf_counter()
-            result = _run_plain(entry, self._max_args_bytes)
+            result = run_plain(entry, self._max_args_bytes)
             elapsed = time.perf_counter() - started
             with self._claim:
                 entry.running = False
@@ -341,16 +282,8 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
         for entry, result, elapsed in ended:
             self._plain_done(entry, result, elapsed)
 
-    def _plain_done(self, entry: _Entry, result: Result, elapsed: float) -> None:
-        self.last_task_s = elapsed
-        self._typical_s += (elapsed - self._typical_s) * PACE_WEIGHT
-        pace: Pace = "unknown"
-        if self._typical_s < SHORT_TASK_S:
-            pace = "short"
-        elif self._typical_s >= LONG_TASK_S:
-            pace = "long"
-        if pace != self.pace:
-            self.pace = pace
+    def _plain_done(self, entry: Entry, result: Result, elapsed: float) -> None:
+        if self.pace.note(elapsed):
             self.stuck_changed.set()
         if entry.stuck:  # its answer went long ago; the thread is free again
             entry.stuck = False
@@ -362,16 +295,16 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
 
     # -- ending early ----------------------------------------------------------
 
-    def _cancel(self, entry: _Entry) -> None:
+    def _cancel(self, entry: Entry) -> None:
         if entry.job is not None:
             entry.job.cancel()
-        self._answer(entry, _failed(entry.task.id, codec.cancelled()))
+        self._answer(entry, failed(entry.task.id, codec.cancelled()))
 
-    def _time_out(self, entry: _Entry) -> None:
+    def _time_out(self, entry: Entry) -> None:
         if entry.job is not None:
             entry.job.cancel()
         timeout = TaskTimeout(entry.task.timeout_s)
-        self._answer(entry, _failed(entry.task.id, codec.failure_of(timeout)))
+        self._answer(entry, failed(entry.task.id, codec.failure_of(timeout)))
 
     def _hand_back(self) -> None:
         """Every thread is stuck: plain tasks waiting for one go elsewhere."""
@@ -379,9 +312,9 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
             for entry in list(stream.entries.values()):
                 if entry.plain and not entry.running:
                     failure = codec.rejected(_ALL_STUCK)
-                    self._answer(entry, _failed(entry.task.id, failure))
+                    self._answer(entry, failed(entry.task.id, failure))
 
-    def _answer(self, entry: _Entry, result: Result | None) -> None:
+    def _answer(self, entry: Entry, result: Result | None) -> None:
         """Settle a task once: send ``result`` (None: nobody to send it to)."""
         if entry.plain:
             with self._claim:  # decide against a slot thread taking it now
@@ -394,17 +327,11 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
         entry.answered = True
         if entry.timer is not None:
             entry.timer.cancel()
-        stream = entry.stream
-        del stream.entries[entry.task.id]
         self.running -= 1
         if result is not None:
             self.done += 1
             self.failed += result.HasField("failure")
-            stream.outbox.put(result)
-        if len(stream.entries) < MAX_STREAM_TASKS:
-            stream.room.set()
-        if not stream.entries and not stream.reading:
-            stream.outbox.close()
+        entry.stream.answer(entry.task.id, result)
         if not self.running:
             self._idle.set()
         if entry.stuck:
@@ -413,24 +340,3 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
             if self.free_threads == 0:
                 self._hand_back()
         self._on_change()
-
-
-def _run_plain(entry: _Entry, max_args_bytes: int) -> Result:
-    """Run a plain task in the calling thread; always an answer."""
-    task, fn = entry.task, entry.fn
-    try:
-        assert fn is not None, "launched before its callable was found"
-        try:
-            args, kwargs = codec.load_call(task.args, max_args_bytes)
-        except BadTask as exc:
-            return _failed(task.id, codec.failure_of(exc, remote=False))
-        try:
-            return Result(id=task.id, value=codec.dump_value(fn(*args, **kwargs)))
-        except BaseException as exc:  # a task's SystemExit must not end the worker
-            return _failed(task.id, codec.failure_of(exc))
-    except BaseException as exc:  # failure_of never raises; this is a last guard
-        return _failed(task.id, codec.internal_failure(exc))
-
-
-def _failed(task_id: int, failure: Failure) -> Result:
-    return Result(id=task_id, failure=failure)

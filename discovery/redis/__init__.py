@@ -34,8 +34,7 @@ benchmarks. Nothing here imports gRPC.
 
 from __future__ import annotations
 
-from types import TracebackType
-from typing import Self
+from typing import Any, Self
 from uuid import uuid4
 
 # First, so that a missing extra says how to install it.
@@ -101,12 +100,7 @@ class RedisDiscovery:
     def __enter__(self) -> Self:
         return self  # nothing to create: the keys appear with the first worker
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    def __exit__(self, *exc_info: Any) -> None:
         self.close()
 
     def close(self) -> None:

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from types import TracebackType
 from typing import Any, Self
 from uuid import UUID
 
@@ -64,21 +63,16 @@ class RedisPublisher:
         self._beating = group.create_task(self._heartbeat())
         return self
 
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    async def __aexit__(self, *exc_info: Any) -> None:
         """Drop what it published, once its heartbeat has ended (an error
         unwinding goes on as itself, unless the heartbeat failed too)."""
         assert self._client is not None
         self._beating.cancel()
         try:
             try:
-                await self._stack.__aexit__(exc_type, exc, tb)
+                await self._stack.__aexit__(*exc_info)
             except BaseExceptionGroup as group:
-                if exc is None or list(group.exceptions) != [exc]:
+                if exc_info[1] is None or list(group.exceptions) != [exc_info[1]]:
                     raise
             for uid in list(self._mine):  # a clean exit drops at once
                 with contextlib.suppress(*UNAVAILABLE):

@@ -14,45 +14,34 @@ The tasks are in :mod:`pool.bench.tasks`, which a worker imports fast.
 
 from __future__ import annotations
 
-import asyncio
-import concurrent.futures
-import contextlib
-import multiprocessing
-import os
-import random
-import signal
 import statistics
-import subprocess
-import sys
-import threading
-import time
-from collections.abc import Callable, Iterator
-from contextlib import AbstractContextManager, contextmanager
+from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
-from typing import Any, Final, Protocol
+from typing import Final
 
-import uvloop
 from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
 
-from discovery import Subscriber, list_workers
 from pool.bench import floor
-from pool.bench.tasks import burn, noop
-from pool.client.embedded import Pool
-from pool.client.executor import Client
-
-CPU_TASK_S: Final = 0.02
-CPU_TASKS: Final = 64
-CPU_WORKERS: Final = 2
-RTT_SAMPLES: Final = 500
-IN_FLIGHT: Final = 256
-
-
-class Executor(Protocol):
-    def submit(self, fn: Callable[..., Any], /, *args: Any) -> Any: ...
-    def map(self, fn: Callable[..., Any], *it: Any) -> Any: ...
+from pool.bench.measures import (
+    CPU_TASK_S,
+    CPU_TASKS,
+    CPU_WORKERS,
+    IN_FLIGHT,
+    RTT_SAMPLES,
+    cpu_ratio,
+    extra_worker_mb,
+    map_rate,
+    pool_up_ready,
+    pss_mb,
+    replacement_ms,
+    rtt_ms,
+    start,
+    submit_rate,
+)
+from pool.bench.pools import OURS, PEERS, opener
+from pool.bench.tasks import noop
 
 
 @dataclass(frozen=True)
@@ -82,217 +71,6 @@ FIGURES: Final = [
 ]
 
 
-# -- the pools ------------------------------------------------------------------
-
-
-class _MpAdapter:
-    """``multiprocessing.Pool`` through the calls the set makes."""
-
-    def __init__(self, pool: Any) -> None:
-        self.pool = pool
-
-    def submit(self, fn: Callable[..., Any], /, *args: Any) -> Any:
-        return _MpFuture(self.pool.apply_async(fn, args))
-
-    def map(self, fn: Callable[..., Any], *it: Any) -> Any:
-        return self.pool.imap(fn, *it)
-
-
-class _MpFuture:
-    def __init__(self, result: Any) -> None:
-        self._result = result
-
-    def result(self) -> Any:
-        return self._result.get()
-
-
-@contextmanager
-def _ours(workers: int, namespace: str | None) -> Iterator[tuple[Executor, list[int]]]:
-    if namespace is not None:
-        with Client(namespace) as client:
-            yield client, [w.pid for w in list_workers(namespace)]
-        return
-    embedded = Pool(workers=workers)
-    with embedded as client:
-        yield client, [w.pid for w in list_workers(embedded.namespace)]
-
-
-@contextmanager
-def _process_pool(workers: int) -> Iterator[tuple[Executor, list[int]]]:
-    with concurrent.futures.ProcessPoolExecutor(workers) as executor:
-        list(executor.map(noop, range(workers)))  # it starts workers lazily
-        yield executor, list(executor._processes)
-
-
-@contextmanager
-def _mp_pool(workers: int) -> Iterator[tuple[Executor, list[int]]]:
-    with multiprocessing.Pool(workers) as pool:
-        yield _MpAdapter(pool), [p.pid for p in pool._pool]  # type: ignore[attr-defined]
-
-
-OURS: Final = "shm-pool"
-PEERS: Final = ("ProcessPoolExecutor", "mp.Pool")
-
-
-def _opener(
-    name: str, workers: int, namespace: str | None
-) -> Callable[[], AbstractContextManager[tuple[Executor, list[int]]]]:
-    if name == OURS:
-        return lambda: _ours(workers, namespace)
-    if name == PEERS[0]:
-        return lambda: _process_pool(workers)
-    return lambda: _mp_pool(workers)
-
-
-# -- the figures ------------------------------------------------------------------
-
-
-def _start(open_pool: Callable[[], Any]) -> float:
-    started = time.perf_counter()
-    with open_pool() as (executor, _):
-        executor.submit(noop).result()
-        return time.perf_counter() - started
-
-
-def rtt_ms(executor: Executor) -> float:
-    times = []
-    for _ in range(RTT_SAMPLES):
-        started = time.perf_counter()
-        executor.submit(noop, 1).result()
-        times.append(time.perf_counter() - started)
-    return statistics.median(times) * 1e3
-
-
-def submit_rate(executor: Executor, tasks: int) -> float:
-    room = threading.BoundedSemaphore(IN_FLIGHT)
-    started = time.perf_counter()
-    futures = []
-    for i in range(tasks):
-        room.acquire()
-        if isinstance(executor, _MpAdapter):  # (its results take callbacks)
-            done = lambda _: room.release()  # noqa: E731
-            futures.append(_MpFuture(executor.pool.apply_async(noop, (i,), {}, done)))
-        else:
-            future = executor.submit(noop, i)
-            future.add_done_callback(lambda _: room.release())
-            futures.append(future)
-    for future in futures:
-        future.result()
-    return tasks / (time.perf_counter() - started)
-
-
-def _map_rate(executor: Executor, tasks: int) -> float:
-    started = time.perf_counter()
-    count = sum(1 for _ in executor.map(noop, range(tasks)))
-    elapsed = time.perf_counter() - started
-    assert count == tasks
-    return tasks / elapsed
-
-
-def _cpu_ratio(open_pool: Callable[[], Any]) -> float:
-    with open_pool() as (executor, _):
-        started = time.perf_counter()
-        list(executor.map(burn, [CPU_TASK_S] * CPU_TASKS))
-        elapsed = time.perf_counter() - started
-    ideal = CPU_TASKS * CPU_TASK_S / min(CPU_WORKERS, os.cpu_count() or 1)
-    return elapsed / ideal
-
-
-def pss_mb(pid: int) -> float:
-    for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
-        if line.startswith("Pss:"):
-            return int(line.split()[1]) / 1024
-    raise RuntimeError(f"no Pss for pid {pid}")
-
-
-def _descendants(pid: int) -> list[int]:
-    found = []
-    for task in Path(f"/proc/{pid}/task").iterdir():
-        with contextlib.suppress(OSError):
-            for child in (task / "children").read_text().split():
-                found += [int(child), *_descendants(int(child))]
-    return found
-
-
-def _extra_worker_mb(make: Callable[[int], Any], workers: int) -> float:
-    """What each worker past ``workers`` adds to the PSS of every process
-    this one started (pool processes, their zygote, helpers): the pool's
-    total at twice ``workers`` less its total at ``workers``, per worker.
-    Shared pages count once in a total, however many share them."""
-    totals = []
-    for size in (workers, 2 * workers):
-        with make(size) as (executor, _):
-            executor.submit(noop).result()
-            total = 0.0
-            for pid in _descendants(os.getpid()):
-                with contextlib.suppress(OSError, RuntimeError):
-                    total += pss_mb(pid)
-            totals.append(total)
-    return (totals[1] - totals[0]) / workers
-
-
-def _pool_up_ready(workers: int) -> float:
-    namespace = f"bench-{os.getpid()}-{random.randrange(1 << 30):x}"
-    started = time.perf_counter()
-    up = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "pool",
-            "up",
-            "-n",
-            namespace,
-            "--workers",
-            str(workers),
-        ],
-        stdout=subprocess.PIPE,
-        text=True,
-    )
-    try:
-        assert up.stdout is not None
-        for line in up.stdout:
-            if line.startswith("ready "):
-                return time.perf_counter() - started
-        raise RuntimeError("pool up ended before it was ready")
-    finally:
-        up.send_signal(signal.SIGINT)
-        up.communicate(timeout=60)
-
-
-def _replacement_ms(namespace: str, kills: int) -> float:
-    """SIGKILL a worker, then time until its replacement is registered, as
-    seen by a subscriber in this process."""
-
-    async def measure() -> list[float]:
-        events = aiter(Subscriber(namespace))
-        times = []
-        try:
-            live = {w.pid for w in list_workers(namespace)}
-            seen = 0
-            while seen < len(live):  # the adds of the workers already there
-                seen += (await anext(events)).type == "worker-added"
-            for _ in range(kills):
-                victim = random.choice(sorted(live))
-                started = time.monotonic()
-                os.kill(victim, signal.SIGKILL)
-                async with asyncio.timeout(30):
-                    while True:
-                        event = await anext(events)
-                        if event.type == "worker-added":
-                            break
-                times.append(time.monotonic() - started)
-                live.discard(victim)
-                live.add(event.worker_info.pid)
-        finally:
-            await events.aclose()  # type: ignore[attr-defined]
-        return times
-
-    return statistics.median(uvloop.run(measure())) * 1e3
-
-
-# -- the run ------------------------------------------------------------------------
-
-
 @dataclass
 class Settings:
     workers: int = 8
@@ -304,6 +82,9 @@ class Settings:
     peers: bool = False
 
 
+Note = Callable[[str, str, float], None]  # pool, figure, one sample
+
+
 def run(settings: Settings, console: Console) -> dict[str, dict[str, float]]:
     """Every figure for every pool: the median over the runs."""
     names = [OURS, *(PEERS if settings.peers else ())]
@@ -313,61 +94,58 @@ def run(settings: Settings, console: Console) -> dict[str, dict[str, float]]:
         samples[name].setdefault(key, []).append(value)
 
     own_pool = settings.namespace is None
-    steps_per_pool = 5 + (3 if own_pool else 0)
-    total = settings.runs * (len(names) * steps_per_pool + 1 + own_pool * 2)
+    per_pool = 3 + 3 * own_pool  # (and the replacement figure, for ours)
+    total = settings.runs * (len(names) * per_pool + 2 * own_pool + 1)
     with Progress(console=console, transient=True) as progress:
         bar = progress.add_task("benchmarking", total=total)
 
         def step(text: str) -> None:
             progress.update(bar, description=text)
+            progress.advance(bar)
 
         for run_index in range(settings.runs):
             order = names[run_index % len(names) :] + names[: run_index % len(names)]
             for name in order:
-                open_pool = _opener(name, settings.workers, settings.namespace)
-                if own_pool:
-                    step(f"{name}: start")
-                    note(name, "start", _start(open_pool))
-                    progress.advance(bar)
-                step(f"{name}: round trips")
-                with open_pool() as (executor, pids):
-                    executor.submit(noop).result()
-                    note(name, "pss", statistics.median(pss_mb(p) for p in pids))
-                    progress.advance(bar)
-                    note(name, "rtt", rtt_ms(executor))
-                    progress.advance(bar)
-                    step(f"{name}: submit, {IN_FLIGHT} in flight")
-                    note(name, "submit", submit_rate(executor, settings.submit_tasks))
-                    progress.advance(bar)
-                    step(f"{name}: map of {settings.tasks:,}")
-                    note(name, "map", _map_rate(executor, settings.tasks))
-                    progress.advance(bar)
-                    if name == OURS and own_pool:
-                        step(f"{name}: killed workers replaced")
-                        namespace = executor.namespace  # type: ignore[attr-defined]
-                        note(
-                            name, "replace", _replacement_ms(namespace, settings.kills)
-                        )
-                progress.advance(bar)
-                if own_pool:
-                    step(f"{name}: memory per extra worker")
-                    sized = lambda n, name=name: _opener(name, n, None)()  # noqa: E731
-                    note(name, "extra", _extra_worker_mb(sized, settings.workers))
-                    progress.advance(bar)
-                    step(f"{name}: CPU-bound on {CPU_WORKERS} workers")
-                    note(name, "cpu", _cpu_ratio(_opener(name, CPU_WORKERS, None)))
-                    progress.advance(bar)
+                _measure(name, settings, note, step)
             step("floor: two raw gRPC hops")
             note(OURS, "floor", statistics.median(floor.measure(RTT_SAMPLES)) * 1e3)
-            progress.advance(bar)
             if own_pool:
                 step("pool up until ready")
-                note(OURS, "up", _pool_up_ready(settings.workers))
-                progress.advance(bar, 2)
+                note(OURS, "up", pool_up_ready(settings.workers))
     return {
         name: {key: statistics.median(values) for key, values in figures.items()}
         for name, figures in samples.items()
     }
+
+
+def _measure(
+    name: str, settings: Settings, note: Note, step: Callable[[str], None]
+) -> None:
+    """One run of every figure of the pool ``name``."""
+    own_pool = settings.namespace is None
+    open_pool = opener(name, settings.workers, settings.namespace)
+    if own_pool:
+        step(f"{name}: start")
+        note(name, "start", start(open_pool))
+    step(f"{name}: round trips")
+    with open_pool() as (executor, pids):
+        executor.submit(noop).result()
+        note(name, "pss", statistics.median(pss_mb(p) for p in pids))
+        note(name, "rtt", rtt_ms(executor))
+        step(f"{name}: submit, {IN_FLIGHT} in flight")
+        note(name, "submit", submit_rate(executor, settings.submit_tasks))
+        step(f"{name}: map of {settings.tasks:,}")
+        note(name, "map", map_rate(executor, settings.tasks))
+        if name == OURS and own_pool:
+            step(f"{name}: killed workers replaced")
+            namespace = executor.namespace  # type: ignore[attr-defined]
+            note(name, "replace", replacement_ms(namespace, settings.kills))
+    if own_pool:
+        step(f"{name}: memory per extra worker")
+        sized = lambda n: opener(name, n, None)()  # noqa: E731
+        note(name, "extra", extra_worker_mb(sized, settings.workers))
+        step(f"{name}: CPU-bound on {CPU_WORKERS} workers")
+        note(name, "cpu", cpu_ratio(opener(name, CPU_WORKERS, None)))
 
 
 def ratio(figure: Figure, ours: float, theirs: float) -> float:

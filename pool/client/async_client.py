@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Callable, Iterable
-from types import ModuleType, TracebackType
+from types import ModuleType
 from typing import Any, Self
 
 from discovery import backends, paths
@@ -60,12 +60,7 @@ class AsyncClient:
         self._connection = connection
         return self
 
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    async def __aexit__(self, *exc_info: Any) -> None:
         """Close the stream (what is pending fails) and end its task group,
         which hears of an error unwinding: that error goes on as itself,
         unless the connection failed too (then both, in a group)."""
@@ -74,9 +69,9 @@ class AsyncClient:
         connection, self._connection = self._connection, None
         connection.close(abandon=True)
         try:
-            await self._stack.__aexit__(exc_type, exc, tb)
+            await self._stack.__aexit__(*exc_info)
         except BaseExceptionGroup as group:
-            if exc is None or list(group.exceptions) != [exc]:
+            if exc_info[1] is None or list(group.exceptions) != [exc_info[1]]:
                 raise
 
     async def aclose(self) -> None:

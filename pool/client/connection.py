@@ -33,13 +33,13 @@ from pool.client.rendezvous import WRONG_TOKEN, Locator
 from pool.dispatcher_pb2 import Submission, SubmissionBatch
 from pool.errors import PoolError, PoolNotRunning, PoolRefused, ProtocolMismatch
 from workers.offload import Offload
-from workers.protocol import auth, codec, shipping
-from workers.protocol.worker_pb2 import Result, ResultBatch
+from workers.protocol import auth, codec
+from workers.protocol.stream import Outgoing
+from workers.protocol.worker_pb2 import Result, ResultBatch, Task
 from workers.serving import GRPC_OPTIONS
 
 RECONNECT_S: Final = 30.0  # how long a client waits for a restarted dispatcher
 RECONNECT_FIRST_S: Final = 0.05
-MAX_BATCH_TASKS: Final = 4096  # submissions per message
 
 
 class Handler(Protocol):
@@ -53,58 +53,45 @@ class Handler(Protocol):
 
 
 class Ledger:
-    """The tasks a connection has sent and not heard the end of."""
+    """The tasks a connection has sent and not heard the end of, and the
+    sending half of its stream (:class:`~workers.protocol.stream.Outgoing`)."""
 
-    def __init__(self) -> None:
-        self._pending: dict[int, tuple[Submission, Handler]] = {}
-        self._outgoing: dict[int, Submission] = {}  # not written yet, in order
-        self._codes: dict[int, bytes] = {}  # of pending tasks shipping a function
-        self._cancels: list[int] = []
+    def __init__(self, wake: asyncio.Event | None = None) -> None:
+        # By id: the submission, who hears of it, its function's pickle.
+        self._pending: dict[int, tuple[Submission, Handler, bytes]] = {}
         self._cancelled: set[int] = set()  # asked for, not yet answered
-        self._shipped = shipping.StreamCache()  # what this stream has carried
+        self.outgoing: Outgoing[Submission] = Outgoing(_task_of, wake)
 
     def new_stream(self) -> None:
         """A stream starts: it has carried no function yet."""
-        self._shipped = shipping.StreamCache()
+        self.outgoing.new_stream()
 
     def __len__(self) -> int:
         return len(self._pending)
 
     @property
     def has_outgoing(self) -> bool:
-        return bool(self._outgoing or self._cancels)
+        return bool(self.outgoing)
 
     def add(self, submission: Submission, handler: Handler, code: bytes = b"") -> None:
         """Send a task; ``code`` is its function's pickle if it ships one."""
-        self._pending[submission.task.id] = (submission, handler)
-        self._outgoing[submission.task.id] = submission
-        if code:
-            self._codes[submission.task.id] = code
+        self._pending[submission.task.id] = (submission, handler, code)
+        self.outgoing.add(submission, code)
 
     def cancel(self, task_id: int) -> None:
         """Cancel a pending task: here if it was not written yet, else ask
         the dispatcher (its answer comes then)."""
-        if self._outgoing.pop(task_id, None) is not None:
-            self._codes.pop(task_id, None)
-            _, handler = self._pending.pop(task_id)
+        if self.outgoing.withdraw(task_id):
+            _, handler, _ = self._pending.pop(task_id)
             handler.resolve(Result(id=task_id, failure=codec.cancelled()))
         elif task_id in self._pending and task_id not in self._cancelled:
             self._cancelled.add(task_id)
-            self._cancels.append(task_id)
+            self.outgoing.cancel(task_id)
 
     def batches(self) -> Iterator[SubmissionBatch]:
         """What is to be written, in messages of at most MAX_BATCH_TASKS."""
-        outgoing, self._outgoing = list(self._outgoing.values()), {}
-        cancels, self._cancels = self._cancels, []
-        for start in range(0, max(len(outgoing), 1), MAX_BATCH_TASKS):
-            part = outgoing[start : start + MAX_BATCH_TASKS]
-            carrying = [s.task for s in part if s.task.digest]
-            for task in carrying:
-                task.code = self._shipped.outgoing(task.digest, self._codes[task.id])
-            yield SubmissionBatch(submissions=part, cancel=cancels)
-            for task in carrying:
-                task.ClearField("code")  # the batch holds its own copy
-            cancels = []
+        for submissions, cancels in self.outgoing.take():
+            yield SubmissionBatch(submissions=submissions, cancel=cancels)
 
     def on_batch(self, batch: ResultBatch) -> None:
         for task_id in batch.accepted:
@@ -112,7 +99,6 @@ class Ledger:
                 entry[1].accepted()
         for result in batch.results:
             if (entry := self._pending.pop(result.id, None)) is not None:
-                self._codes.pop(result.id, None)
                 self._cancelled.discard(result.id)
                 entry[1].resolve(result)
 
@@ -121,19 +107,23 @@ class Ledger:
         those cancelled meanwhile are answered here."""
         for task_id in self._cancelled:
             if (entry := self._pending.pop(task_id, None)) is not None:
-                self._codes.pop(task_id, None)
                 entry[1].resolve(Result(id=task_id, failure=codec.cancelled()))
         self._cancelled.clear()
-        self._cancels = []
-        self._outgoing = {task_id: entry[0] for task_id, entry in self._pending.items()}
+        self.outgoing.clear()
+        for submission, _, code in self._pending.values():
+            self.outgoing.add(submission, code)
 
     def fail_all(self, error: PoolError) -> None:
         pending, self._pending = self._pending, {}
-        self._outgoing, self._cancels, self._codes = {}, [], {}
+        self.outgoing.clear()
         self._cancelled.clear()
         failure = codec.failure_of(error, remote=False)
-        for task_id, (_, handler) in pending.items():
+        for task_id, (_, handler, _) in pending.items():
             handler.resolve(Result(id=task_id, failure=failure))
+
+
+def _task_of(submission: Submission) -> Task:
+    return submission.task
 
 
 @dataclass(frozen=True)
@@ -157,8 +147,8 @@ class Connection:
         self._locator = locator
         self.namespace = locator.namespace
         self._reconnect_s = reconnect_s
-        self.ledger = Ledger()
-        self._wake = asyncio.Event()
+        self._wake = asyncio.Event()  # work to connect for, or to write
+        self.ledger = Ledger(self._wake)
         self._closing = False
         self._abandon = False
         self._call: aio.StreamStreamCall[SubmissionBatch, ResultBatch] | None = None
@@ -310,17 +300,19 @@ class Connection:
     async def _send(
         self, call: aio.StreamStreamCall[SubmissionBatch, ResultBatch]
     ) -> None:
-        while True:
-            if self._closing and not len(self.ledger):
-                with contextlib.suppress(aio.AioRpcError, aio.UsageError):
-                    await call.done_writing()  # the dispatcher ends the stream
-                return
-            if not self.ledger.has_outgoing:
-                self._wake.clear()
-                await self._wake.wait()
-                continue
-            for batch in self.ledger.batches():
-                try:
-                    await call.write(batch)
-                except (aio.AioRpcError, aio.UsageError, asyncio.InvalidStateError):
-                    return  # the reader sees the stream end; all goes again
+        async def write(submissions: list[Submission], cancels: list[int]) -> bool:
+            try:
+                await call.write(
+                    SubmissionBatch(submissions=submissions, cancel=cancels)
+                )
+            except (aio.AioRpcError, aio.UsageError, asyncio.InvalidStateError):
+                return False  # the reader sees the stream end; all goes again
+            return True
+
+        def finished() -> bool:
+            return self._closing and not len(self.ledger)
+
+        await self.ledger.outgoing.write_all(write, finished)
+        if finished():
+            with contextlib.suppress(aio.AioRpcError, aio.UsageError):
+                await call.done_writing()  # the dispatcher ends the stream

@@ -20,7 +20,6 @@ import dataclasses
 import io
 import threading
 import uuid
-from types import TracebackType
 from typing import Any, Final
 
 import uvloop
@@ -89,12 +88,7 @@ class Pool:
             raise
         return self._client
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    def __exit__(self, *exc_info: Any) -> None:
         self.close()
 
     def close(self) -> None:

@@ -1,10 +1,13 @@
 """What the dispatcher's parts pass each other: a :class:`Job` (a task from
 its submission to its result), the :class:`Owner` that hears of its fate
-(a client stream) and the :class:`Link` that carries it to a worker.
+(a client stream), the :class:`Link` that carries it to a worker, and the
+:class:`LinkEvents` a link reports (to the router, which decides: links
+carry). A link's end is the end of its ``run``.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -17,6 +20,19 @@ class Owner(Protocol):
 
     def on_accepted(self, job: Job) -> None: ...
     def on_result(self, job: Job, result: Result) -> None: ...
+
+
+class LinkEvents(Protocol):
+    """What a link reports about its worker's tasks."""
+
+    def on_connected(self, link: Link) -> None:
+        """The stream reached the worker: it may be sent tasks."""
+
+    def on_accepted(self, link: Link, task_ids: Iterable[int]) -> None:
+        """The worker took these tasks (before it started any of them)."""
+
+    def on_results(self, link: Link, results: Iterable[Result]) -> None:
+        """One message's results from the worker."""
 
 
 class Link(Protocol):
@@ -46,9 +62,7 @@ class Job:
     tags: frozenset[str]
     owner: Owner
     client_id: int
-    code: bytes = (
-        b""  # its function's pickle, if it ships one (workers.protocol.shipping)
-    )
+    code: bytes = b""  # its function's pickle, if it ships one (see shipping)
     attempts: int = 0  # workers lost after they had taken it
     untaken_losses: int = 0  # workers lost before they took it
     lost_on: list[WorkerInfo] = field(default_factory=list)
@@ -56,3 +70,19 @@ class Job:
     link: Link | None = None
     taken: bool = False  # its current link's worker took it
     finished: bool = False  # answered (or cancelled while queued)
+
+    def lost(self, info: WorkerInfo) -> bool:
+        """Its worker (``info``) was lost: an attempt if that worker had
+        taken it (it may have run there), else a loss untaken. Whether it
+        had been taken."""
+        taken, self.taken = self.taken, False
+        if taken:
+            self.attempts += 1
+            self.lost_on.append(info)
+        else:
+            self.untaken_losses += 1
+        return taken
+
+
+# What the router calls to link a newly discovered worker.
+Connect = Callable[[WorkerInfo, LinkEvents], Link]

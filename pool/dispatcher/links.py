@@ -2,10 +2,13 @@
 
 A link owns a gRPC channel and one ``Run`` call to its worker, and, while
 :meth:`WorkerLink.run` runs, a task group of two: a sender that writes the
-tasks the router gives it (and cancels), many per message, and the caller
-of ``run`` reading the worker's batches back into the router (tasks taken,
-then results). ``run`` returns when the stream ends, however it ends; the
-router then requeues what the worker did not answer. Created and run by
+tasks it is given (and cancels), many per message, through the sending
+half of the stream (:class:`~workers.protocol.stream.Outgoing`), and the
+caller of ``run`` reading the worker's batches back. It reports what it
+hears through :class:`~pool.dispatcher.jobs.LinkEvents` (connected, tasks
+taken, results) and holds nothing of the router, which decides: ``run``
+returns when the stream ends, however it ends, and the router then
+requeues what the worker did not answer. Created and run by
 :class:`pool.dispatcher.placement.Router`.
 """
 
@@ -13,23 +16,19 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
-from typing import TYPE_CHECKING
 
 import grpc
 from grpc import aio
 
 from discovery import WorkerInfo
-from workers.protocol import auth, shipping
+from pool.dispatcher.jobs import Connect, Job, LinkEvents
+from workers.protocol import auth
+from workers.protocol.stream import Outgoing
 from workers.protocol.worker_pb2 import ResultBatch, Task, TaskBatch
 from workers.protocol.worker_pb2_grpc import WorkerStub
 from workers.serving import GRPC_OPTIONS, TLS_KEY
 
-if TYPE_CHECKING:
-    from pool.dispatcher.jobs import Job
-    from pool.dispatcher.placement import Router
-
-log = logging.getLogger("pool.dispatcher.server")
+log = logging.getLogger("pool.dispatcher")
 
 
 class WorkerLink:
@@ -38,7 +37,7 @@ class WorkerLink:
     def __init__(
         self,
         info: WorkerInfo,
-        router: Router,
+        events: LinkEvents,
         token: str,
         tls: grpc.ChannelCredentials | None = None,
     ) -> None:
@@ -48,24 +47,21 @@ class WorkerLink:
         self.dropped = False
         self._connected = False  # the stream reached the worker
         self._ended = False
-        self._router = router
+        self._events = events
         self._token = token
         self._tls = tls  # for a worker that serves TLS ("tls" in its extra)
-        self._outbox: list[Job] = []
-        self._shipped = shipping.StreamCache()  # functions the stream carried
-        self._cancels: list[int] = []
-        self._wake = asyncio.Event()
+        self._outgoing: Outgoing[Job] = Outgoing(_task_of)
         self._call: aio.StreamStreamCall[TaskBatch, ResultBatch] | None = None
 
     @classmethod
     def connector(
         cls, token: str, tls: grpc.ChannelCredentials | None = None
-    ) -> Callable[[WorkerInfo, Router], WorkerLink]:
+    ) -> Connect:
         """What the router calls to link a newly discovered worker (over TLS,
         with ``tls``, to the workers that serve it)."""
 
-        def connect(info: WorkerInfo, router: Router) -> WorkerLink:
-            return cls(info, router, token, tls)
+        def connect(info: WorkerInfo, events: LinkEvents) -> WorkerLink:
+            return cls(info, events, token, tls)
 
         return connect
 
@@ -92,20 +88,14 @@ class WorkerLink:
         job.taken = False
         job.task.attempt = job.attempts + 1
         self.in_flight[job.task.id] = job
-        self._outbox.append(job)
-        self._wake.set()
+        self._outgoing.add(job, job.code)
 
     def withdraw(self, job: Job) -> bool:
         """Take back a task not written to the worker yet; True if it was."""
-        try:
-            self._outbox.remove(job)
-        except ValueError:
-            return False
-        return True
+        return self._outgoing.withdraw(job.task.id)
 
     def cancel(self, task_id: int) -> None:
-        self._cancels.append(task_id)
-        self._wake.set()
+        self._outgoing.cancel(task_id)
 
     async def run(self) -> None:
         """Stream tasks to the worker and results back until the stream ends."""
@@ -140,39 +130,29 @@ class WorkerLink:
         except aio.AioRpcError:
             return  # _receive reports it
         self._connected = True
-        self._router.pump()
-        while True:
-            await self._wake.wait()
-            self._wake.clear()
-            jobs, self._outbox = self._outbox, []
-            batch = TaskBatch(tasks=self._tasks(jobs), cancel=self._cancels)
-            self._cancels = []
-            for job in jobs:
-                if job.code:
-                    job.task.ClearField("code")  # the batch holds its own copy
-            try:
-                await call.write(batch)
-            except (aio.AioRpcError, aio.UsageError, asyncio.InvalidStateError):
-                return  # _receive sees the stream end
+        self._events.on_connected(self)
 
-    def _tasks(self, jobs: list[Job]) -> list[Task]:
-        """The jobs' tasks as written now, in order, each carrying its
-        function's pickle if the worker does not hold it yet."""
-        for job in jobs:
-            if job.task.digest:
-                job.task.code = self._shipped.outgoing(job.task.digest, job.code)
-        return [job.task for job in jobs]
+        async def write(jobs: list[Job], cancels: list[int]) -> bool:
+            try:
+                await call.write(
+                    TaskBatch(tasks=[j.task for j in jobs], cancel=cancels)
+                )
+            except (aio.AioRpcError, aio.UsageError, asyncio.InvalidStateError):
+                return False  # _receive sees the stream end
+            return True
+
+        await self._outgoing.write_all(write)
 
     async def _receive(
         self, call: aio.StreamStreamCall[TaskBatch, ResultBatch]
     ) -> None:
-        router = self._router
+        events = self._events
         try:
             async for batch in call:
                 if batch.accepted:
-                    router.on_accepted(self, batch.accepted)
+                    events.on_accepted(self, batch.accepted)
                 if batch.results:
-                    router.on_results(self, batch.results)
+                    events.on_results(self, batch.results)
         except aio.AioRpcError as exc:
             self._report(exc)
 
@@ -185,3 +165,7 @@ class WorkerLink:
             log.error("%s refused this dispatcher: %s", self.describe(), exc.details())
         elif code != grpc.StatusCode.CANCELLED:
             log.info("%s: stream broke: %s", self.describe(), code.name)
+
+
+def _task_of(job: Job) -> Task:
+    return job.task

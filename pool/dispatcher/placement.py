@@ -37,9 +37,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
-import time
 from collections.abc import Callable, Coroutine, Iterable
-from types import TracebackType
 from typing import Any, Final, Self, assert_never
 from uuid import UUID
 
@@ -47,7 +45,7 @@ import grpc
 
 from discovery import DiscoveryEvent, WorkerInfo
 from pool.dispatcher.exits import Exits
-from pool.dispatcher.jobs import Job, Link
+from pool.dispatcher.jobs import Connect, Job, Link
 from pool.dispatcher.queue import MAX_QUEUED, TaskQueue
 from pool.errors import NoWorkerAvailable, PoolStopping, WorkerLost
 from workers.protocol import codec
@@ -59,9 +57,10 @@ MAX_UNTAKEN_LOSSES: Final = 10
 RECONNECT_DELAY_S: Final = 0.5
 LEAVE_GRACE_S: Final = 5.0  # a dropped worker's stream may finish this long
 EXPIRE_EVERY_S: Final = 1.0
-
-
-Connect = Callable[[WorkerInfo, "Router"], Link]
+_STOPPED: Final = {  # why a task lost its worker as the pool stopped, if taken
+    True: "its worker stopped before it finished",
+    False: "its worker stopped before it took the task, so it never ran",
+}
 
 
 class Router:
@@ -114,12 +113,7 @@ class Router:
         self._expiring = group.create_task(self._expire_every(EXPIRE_EVERY_S))
         return self
 
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    async def __aexit__(self, *exc_info: Any) -> None:
         """Close every link and wait for all of it to end."""
         self._closed = True
         self._expiring.cancel()
@@ -127,7 +121,7 @@ class Router:
             grace.cancel()
         for link in list(self._open):
             link.close()
-        await self._stack.__aexit__(exc_type, exc, tb)
+        await self._stack.__aexit__(*exc_info)
 
     def _spawn(self, coro: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
         assert self._group is not None, "use the router inside `async with`"
@@ -191,12 +185,7 @@ class Router:
             job.link = None
             if job.finished:
                 continue
-            taken, job.taken = job.taken, False
-            if taken:
-                job.attempts += 1
-                job.lost_on.append(link.info)
-            else:
-                job.untaken_losses += 1
+            taken = job.lost(link.info)
             if job.attempts >= self._max_attempts:
                 if self._closed:  # no time to wait for how the last one died
                     self._fail(job, self._lost_error(job))
@@ -205,7 +194,7 @@ class Router:
             elif job.untaken_losses >= MAX_UNTAKEN_LOSSES:
                 self._fail(job, WorkerLost(job.untaken_losses, ()))
             elif self.stopping:
-                self._fail(job, PoolStopping(self.namespace, _why_stopped(taken)))
+                self._fail(job, PoolStopping(self.namespace, _STOPPED[taken]))
             else:
                 self.queue.push(job, front=True)
         self._check_settled()
@@ -217,8 +206,7 @@ class Router:
         self._fail(job, self._lost_error(job))
 
     def _lost_error(self, job: Job) -> WorkerLost:
-        workers = tuple(self._exits.describe(info) for info in job.lost_on)
-        return WorkerLost(job.attempts, workers)
+        return WorkerLost(job.attempts, tuple(map(self._exits.describe, job.lost_on)))
 
     def record_exit(self, pid: int, status: str) -> None:
         """The supervisor's word on how worker ``pid`` ended."""
@@ -233,9 +221,8 @@ class Router:
         job.task.id = next(self._ids)
         if self.stopping:
             self._fail(job, PoolStopping(self.namespace))
-        elif (known := self._unmatched(job)) is not None:
-            error = NoWorkerAvailable(tuple(sorted(job.tags)), 0.0, known)
-            self._fail(job, error, grpc.StatusCode.DEADLINE_EXCEEDED)
+        elif self._unmatched(job):
+            self._fail_unmatched(job)
         else:
             self.queue.push(job)
 
@@ -243,22 +230,20 @@ class Router:
         """Every worker of the pool has started (the supervisor says so): from
         now on, a task whose tags no registered worker has fails at once."""
         self._started = True
-        for job in self.queue.remove_where(
-            lambda job: self._unmatched(job) is not None
-        ):
-            known = self._unmatched(job)
-            error = NoWorkerAvailable(tuple(sorted(job.tags)), 0.0, known)
-            self._fail(job, error, grpc.StatusCode.DEADLINE_EXCEEDED)
+        for job in self.queue.remove_where(self._unmatched):
+            self._fail_unmatched(job)
 
-    def _unmatched(self, job: Job) -> tuple[str, ...] | None:
-        """The tags the registered workers have, if the pool has started and
-        none has the job's; else None (it may yet find one)."""
+    def _unmatched(self, job: Job) -> bool:
+        """Whether the pool has started and no registered worker has the
+        job's tags (else it may yet find one)."""
         if not (self._started and job.tags and self.links):
-            return None
-        if any(job.tags <= link.info.tags for link in self.links.values()):
-            return None
-        tags = (link.info.tags for link in self.links.values())
-        return tuple(sorted(frozenset().union(*tags)))
+            return False
+        return not any(job.tags <= link.info.tags for link in self.links.values())
+
+    def _fail_unmatched(self, job: Job) -> None:
+        known = frozenset().union(*(link.info.tags for link in self.links.values()))
+        error = NoWorkerAvailable(tuple(sorted(job.tags)), 0.0, tuple(sorted(known)))
+        self._fail(job, error, grpc.StatusCode.DEADLINE_EXCEEDED)
 
     @property
     def queued(self) -> int:
@@ -295,8 +280,12 @@ class Router:
         failure = codec.failure_of(error, code or grpc.StatusCode.ABORTED, remote=False)
         self._deliver(job, Result(id=job.task.id, failure=failure))
 
+    def on_connected(self, link: Link) -> None:
+        """The stream to ``link``'s worker is up: send it what waits."""
+        self.pump()
+
     def on_accepted(self, link: Link, task_ids: Iterable[int]) -> None:
-        """The worker on ``link`` has taken these codec."""
+        """The worker on ``link`` has taken these tasks."""
         for task_id in task_ids:
             if (job := link.in_flight.get(task_id)) is not None and not job.taken:
                 job.taken = True
@@ -309,9 +298,6 @@ class Router:
             self._on_result(link, result)
         self._check_settled()
         self.pump()
-
-    def on_result(self, link: Link, result: Result) -> None:
-        self.on_results(link, (result,))
 
     def _on_result(self, link: Link, result: Result) -> None:
         job = link.in_flight.pop(result.id, None)
@@ -343,10 +329,9 @@ class Router:
         ]
 
         def choose(job: Job) -> Link | None:
-            open_ = [
-                link for link in ready if link.free > 0 and job.tags <= link.info.tags
-            ]
-            return min(open_, key=_load) if open_ else None
+            """The least-loaded ready link with room and the job's tags."""
+            fits = [k for k in ready if k.free > 0 and job.tags <= k.info.tags]
+            return min(fits, key=_load, default=None)
 
         self.queue.place(sum(max(link.free, 0) for link in ready), choose)
 
@@ -356,20 +341,9 @@ class Router:
         Called about once a second; a task fails between the limit and a
         second past it.
         """
-        now, limit = time.monotonic(), self._no_worker_timeout_s
+        limit = self._no_worker_timeout_s
         ready = [link.info.tags for link in self.links.values() if link.ready]
-
-        def expired(job: Job) -> bool:
-            if any(job.tags <= tags for tags in ready):
-                job.unplaceable_since = None
-            elif job.unplaceable_since is None:
-                job.unplaceable_since = now
-            return (
-                job.unplaceable_since is not None
-                and now - job.unplaceable_since >= limit
-            )
-
-        for job in self.queue.remove_where(expired):
+        for job in self.queue.expired(ready, limit):
             error = NoWorkerAvailable(tuple(sorted(job.tags)), limit)
             self._fail(job, error, grpc.StatusCode.DEADLINE_EXCEEDED)
 
@@ -408,20 +382,13 @@ class Router:
                     self._fail(job, PoolStopping(self.namespace, detail))
 
 
-def _why_stopped(taken: bool) -> str:
-    """Why a task lost its worker as the pool stopped, as PoolStopping says."""
-    if taken:
-        return "its worker stopped before it finished"
-    return "its worker stopped before it took the task, so it never ran"
-
-
-def _load(link: Link) -> float:
-    return len(link.in_flight) / link.info.capacity
-
-
 async def _close_after(link: Link, grace_s: float) -> None:
     """Close a dropped worker's link once its stream had ``grace_s`` to end."""
     try:
         await asyncio.sleep(grace_s)  # the grace itself, not a wait for an event
     finally:
         link.close()
+
+
+def _load(link: Link) -> float:
+    return len(link.in_flight) / link.info.capacity

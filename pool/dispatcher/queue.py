@@ -5,7 +5,8 @@ their order. At most ``max_queued`` wait: :attr:`TaskQueue.room` is clear
 while the queue is full, and the client streams stop reading until it is
 set again (DESIGN.md, Concurrency). A job cancelled while it waits is
 counted out at once and skipped when :meth:`TaskQueue.place` or
-:meth:`TaskQueue.remove_where` meets it. Owned by
+:meth:`TaskQueue.remove_where` meets it. A job no ready worker matches
+expires after a bound (:meth:`TaskQueue.expired`). Owned by
 :class:`~pool.dispatcher.placement.Router`, on the dispatcher's loop; no
 I/O.
 """
@@ -13,6 +14,7 @@ I/O.
 from __future__ import annotations
 
 import asyncio
+import time
 from collections import deque
 from collections.abc import Callable
 from typing import Final
@@ -87,3 +89,21 @@ class TaskQueue:
                 kept.append(job)
         self._jobs = kept
         return removed
+
+    def expired(
+        self, ready: list[frozenset[str]], limit_s: float, now: float | None = None
+    ) -> list[Job]:
+        """Take out the jobs that no ready worker (of ``ready``, their tags)
+        has matched for ``limit_s``: each job notes when it was first seen
+        unmatched, and forgets it once a match is seen."""
+        now = time.monotonic() if now is None else now
+
+        def expired(job: Job) -> bool:
+            if any(job.tags <= tags for tags in ready):
+                job.unplaceable_since = None
+            elif job.unplaceable_since is None:
+                job.unplaceable_since = now
+            since = job.unplaceable_since
+            return since is not None and now - since >= limit_s
+
+        return self.remove_where(expired)

@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Final
 
+from pool.dispatcher.placement import NO_WORKER_TIMEOUT_S
 from pool.dispatcher.queue import MAX_QUEUED
 from workers.settings import (
     ADVERTISE,
@@ -24,8 +25,8 @@ from workers.settings import (
     existing_file,
 )
 
-NO_WORKER_TIMEOUT_S: Final = Spec(
-    30.0,
+NO_WORKER_TIMEOUT_SPEC: Final = Spec(
+    NO_WORKER_TIMEOUT_S,
     "fail a task that finds no matching ready worker this long",
     low=0,
 )
@@ -67,7 +68,7 @@ class DispatcherSettings:
     )
     tls_key: str | None = TLS_KEY.field()
     tls_ca: str | None = TLS_CA.field()
-    no_worker_timeout_s: float = NO_WORKER_TIMEOUT_S.field()
+    no_worker_timeout_s: float = NO_WORKER_TIMEOUT_SPEC.field()
     max_queued: int = MAX_QUEUED_SPEC.field()
     parent_fd: int | None = PARENT_FD.field()
     control_fd: int | None = Spec(

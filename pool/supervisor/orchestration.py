@@ -41,16 +41,16 @@ the drain) with that error.
 from __future__ import annotations
 
 import asyncio
+import functools
 import os
 from collections.abc import Callable, Coroutine
 from typing import Any, Final
 
-from discovery import LocalDiscovery, NamespaceInUse, backends, paths, sweep_dead
+from discovery import LocalDiscovery, NamespaceInUse, paths, sweep_dead
 from pool.client import rendezvous
 from pool.client.rendezvous import ADDRESS_FILE
 from pool.errors import PoolAlreadyRunning
 from pool.supervisor.children import (
-    START_TIMEOUT_S,
     Child,
     ChildFailed,
     Process,
@@ -62,7 +62,8 @@ from pool.supervisor.children import (
     terminate,
 )
 from pool.supervisor.control import ControlPipe
-from pool.supervisor.output import output_lines
+from pool.supervisor.output import relay
+from pool.supervisor.registrations import Registrations
 from pool.supervisor.settings import PoolSettings
 from pool.supervisor.sweep import sweep_temp_dirs
 from pool.supervisor.view import View
@@ -106,8 +107,14 @@ class Supervisor:
         self._relays: set[asyncio.Task[None]] = set()  # children's output
         self._parent_fd = -1
         self._control = ControlPipe()  # to the current dispatcher
-        self._status: dict[str, str] = {}  # uid -> status, of registered workers
-        self._registry_changed = asyncio.Event()
+        self._registrations = Registrations(
+            settings.namespace,
+            settings.discovery_url,
+            view,
+            stuck_grace_s=settings.stuck_grace_s,
+            spawn=self._spawn,
+            on_stuck=self._replace_stuck,
+        )
         self._zygote: Zygote | None = None
         self._offload = Offload("supervisor")  # the registry, sweeps
         self._ready = False  # every worker has been registered once
@@ -181,39 +188,27 @@ class Supervisor:
         self._zygote = zygote
 
     async def _supervise(self, stop: asyncio.Event, kill_now: asyncio.Event) -> None:
-        ns = self.settings.namespace
         async with asyncio.TaskGroup() as group:
             self._group = group
-            self._spawn(self._follow())
+            self._spawn(self._registrations.follow())
             restarting = announcing = None
             if self._zygote is not None:
                 restarting = self._spawn(self._zygote.watch())
             try:
                 await self._start_all()
-                await self._until_registered()
+                await self._registrations.until_registered(self._workers)
                 if self.settings.discovery_url:  # for clients of other machines
                     announced = asyncio.Event()
                     announcing = self._spawn(
                         rendezvous.announce(
                             self.settings.discovery_url,
-                            ns,
+                            self.settings.namespace,
                             lambda: self.remote,
                             announced,
                         )
                     )
                     await announced.wait()  # findable once it says "ready"
-                ready: dict[str, Any] = {
-                    "namespace": self.settings.namespace,
-                    "workers": len(self._workers),
-                    "address": self.address,
-                }
-                if self.settings.paths:
-                    ready["path"] = ":".join(self.settings.paths)
-                self.view.note("ready", **ready)
-                self._ready = True
-                await self._control.send(started=True)
-                if self._on_ready is not None:
-                    self._on_ready()
+                await self._say_ready()
                 await stop.wait()
             finally:
                 self._stopping = True
@@ -227,6 +222,21 @@ class Supervisor:
                     await asyncio.wait(self._relays, timeout=OUTPUT_DRAIN_S)
                 for task in self._background:
                     task.cancel()
+
+    async def _say_ready(self) -> None:
+        """Every worker is registered: say so, to all who wait for it."""
+        ready: dict[str, Any] = {
+            "namespace": self.settings.namespace,
+            "workers": len(self._workers),
+            "address": self.address,
+        }
+        if self.settings.paths:
+            ready["path"] = ":".join(self.settings.paths)
+        self.view.note("ready", **ready)
+        self._ready = True
+        await self._control.send(started=True)
+        if self._on_ready is not None:
+            self._on_ready()
 
     def _spawn(self, coro: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
         """Run ``coro`` in the pool's task group, cancelled when it stops."""
@@ -285,9 +295,10 @@ class Supervisor:
                 if fd >= 0:
                     os.close(fd)
         if output_read >= 0:
-            relay = self._spawn(self._relay(output_read, child.label, process.pid))
-            self._relays.add(relay)
-            relay.add_done_callback(self._relays.discard)
+            show = functools.partial(self.view.output, child.label, process.pid)
+            relaying = self._spawn(relay(output_read, show))
+            self._relays.add(relaying)
+            relaying.add_done_callback(self._relays.discard)
         child.process = process
         try:
             child.ready = await read_ready(ready_read, process, child.name)
@@ -295,25 +306,22 @@ class Supervisor:
             process.kill()
             await process.wait()
             raise
-        self._registry_changed.set()  # _until_registered looks again
-        if child is self._dispatcher:  # a restarted one may listen elsewhere
-            self.address = child.ready["address"]
-            self.remote = rendezvous.Announced(
-                child.ready.get("remote", self.address), bool(child.ready.get("tls"))
-            )
-            _write_private(self.settings.namespace, ADDRESS_FILE, self.address)
-            if self._ready:
-                await self._control.send(started=True)
+        self._registrations.changed.set()  # (it looks again)
+        if child is self._dispatcher:
+            await self._dispatcher_ready(child.ready)
         self.view.note(f"{child.kind}-started", pid=process.pid)
         self._spawn(self._watch(child))
 
-    async def _relay(self, fd: int, name: str, pid: int) -> None:
-        """Show what a child writes, line by line, until it closes its end."""
-        try:
-            async for text in output_lines(fd):
-                self.view.output(name, pid, text)
-        finally:
-            os.close(fd)
+    async def _dispatcher_ready(self, ready: dict[str, Any]) -> None:
+        """Where clients find the dispatcher (a restarted one may listen
+        elsewhere), and what it must know of a pool that has started."""
+        self.address = ready["address"]
+        self.remote = rendezvous.Announced(
+            ready.get("remote", self.address), bool(ready.get("tls"))
+        )
+        _write_private(self.settings.namespace, ADDRESS_FILE, self.address)
+        if self._ready:
+            await self._control.send(started=True)
 
     async def _fork_or_spawn(self, child: Child, fds: dict[str, int]) -> Process:
         """Fork the child from the zygote; while it is down, start a fresh
@@ -352,48 +360,11 @@ class Supervisor:
 
     # -- following -----------------------------------------------------------
 
-    async def _follow(self) -> None:
-        events = backends.subscriber_for(
-            self.settings.namespace, self.settings.discovery_url
-        )
-        async for event in events:
-            info = event.worker_info
-            uid = str(info.uid)
-            if event.type == "worker-dropped":
-                self._status.pop(uid, None)
-            else:
-                was = self._status.get(uid)
-                self._status[uid] = info.status
-                if info.status == "stuck" and was != "stuck":
-                    self._spawn(self._replace_if_stuck(uid, info.pid))
-            self._registry_changed.set()
-            self.view.event(event)
-
-    async def _replace_if_stuck(self, uid: str, pid: int) -> None:
-        """Stop a worker still stuck after the grace period (it is replaced)."""
-        await asyncio.sleep(self.settings.stuck_grace_s)  # the grace period
-        if self._stopping or self._status.get(uid) != "stuck":
-            return
+    async def _replace_stuck(self, uid: str, pid: int) -> None:
+        """Stop a worker stuck past its grace (it is replaced then)."""
         for child in self._workers:
-            if child.pid == pid and child.process is not None:
-                self.view.note("worker-stuck", pid=pid, uid=uid[:8])
+            if child.pid == pid and child.process is not None and not self._stopping:
                 await terminate([child.process], self.settings.grace_s, asyncio.Event())
-
-    async def _until_registered(self) -> None:
-        """Wait until every worker is ready and this view has seen it added."""
-        try:
-            async with asyncio.timeout(START_TIMEOUT_S):
-                while not all(
-                    c.ready and c.ready["uid"] in self._status for c in self._workers
-                ):
-                    await self._registry_changed.wait()
-                    self._registry_changed.clear()
-        except TimeoutError:
-            late = sum(1 for c in self._workers if not c.ready)
-            raise ChildFailed(
-                f"{late} of {len(self._workers)} workers were not ready within "
-                f"{START_TIMEOUT_S:g} s; see the errors above"
-            ) from None
 
     # -- stopping ------------------------------------------------------------
 

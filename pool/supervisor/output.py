@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import os
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Final
 
 MAX_LINE_BYTES: Final = 8192
@@ -53,3 +53,13 @@ async def output_lines(fd: int) -> AsyncIterator[str]:
 
 def _text(line: bytes) -> str:
     return line.rstrip(b"\r").decode("utf-8", "replace")
+
+
+async def relay(fd: int, show: Callable[[str], None]) -> None:
+    """Show each line written to the pipe ``fd`` until every writer closed
+    it; then close ``fd`` (which this now owns)."""
+    try:
+        async for text in output_lines(fd):
+            show(text)
+    finally:
+        os.close(fd)

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from pool.dispatcher.settings import (
     MAX_QUEUED_SPEC,
-    NO_WORKER_TIMEOUT_S,
+    NO_WORKER_TIMEOUT_SPEC,
     TLS_CA,
     DispatcherSettings,
 )
@@ -105,7 +105,7 @@ class PoolSettings:
     capacity: int = Spec(
         128, "registry slots (at least twice --workers)", low=1
     ).field()
-    no_worker_timeout_s: float = NO_WORKER_TIMEOUT_S.field()
+    no_worker_timeout_s: float = NO_WORKER_TIMEOUT_SPEC.field()
     stuck_grace_s: float = Spec(
         60.0,
         "replace a worker whose every thread is held by a task that timed out "

@@ -8,13 +8,13 @@ from pathlib import Path
 import pytest
 
 from pool import Client
-from pool.client.connection import MAX_BATCH_TASKS
 from pool.dispatcher.service import MAX_STREAM_TASKS
 from pool.dispatcher_pb2 import ListWorkersRequest
 from tests import sample_tasks
 from tests.helpers import wait_until
 from tests.pools import running_pool
 from tests.rpc import dispatcher_stub
+from workers.protocol.stream import MAX_BATCH_TASKS
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
 

@@ -10,11 +10,12 @@ import threading
 import pytest
 
 from pool import PoolNotRunning, RemoteTraceback
-from pool.client.connection import MAX_BATCH_TASKS, Ledger
+from pool.client.connection import Ledger
 from pool.client.core import Submissions
 from pool.client.loop import FutureHandler
 from tests import sample_tasks
 from workers.protocol import codec
+from workers.protocol.stream import MAX_BATCH_TASKS
 from workers.protocol.worker_pb2 import Result, ResultBatch
 
 pytestmark = pytest.mark.timeout(10)

@@ -15,7 +15,7 @@ import pytest
 
 from discovery import DiscoveryEvent, WorkerInfo
 from pool import NoWorkerAvailable, PoolStopping, WorkerLost
-from pool.dispatcher.jobs import Job
+from pool.dispatcher.jobs import Job, LinkEvents
 from pool.dispatcher.placement import MAX_UNTAKEN_LOSSES, Router
 from workers.protocol import codec
 from workers.protocol.worker_pb2 import Result, Task
@@ -26,7 +26,7 @@ pytestmark = pytest.mark.timeout(10)
 class FakeLink:
     """A worker's stream that the test plays: it takes, answers and dies."""
 
-    def __init__(self, info: WorkerInfo, router: Router) -> None:
+    def __init__(self, info: WorkerInfo, router: LinkEvents) -> None:
         self.info = info
         self.router = router
         self.in_flight: dict[int, Job] = {}
@@ -83,10 +83,12 @@ class FakeLink:
         self.router.on_accepted(self, [job.task.id for job in jobs])
 
     def answer(self, job: Job, value: Any) -> None:
-        self.router.on_result(self, Result(id=job.task.id, value=pickle.dumps(value)))
+        self.router.on_results(
+            self, [Result(id=job.task.id, value=pickle.dumps(value))]
+        )
 
     def refuse(self, job: Job) -> None:
-        self.router.on_result(self, Result(id=job.task.id, failure=codec.rejected()))
+        self.router.on_results(self, [Result(id=job.task.id, failure=codec.rejected())])
 
 
 class Owner:
@@ -149,7 +151,7 @@ class World:
 async def world(**options: Any) -> AsyncIterator[World]:
     links: dict[uuid.UUID, FakeLink] = {}
 
-    def connect(info: WorkerInfo, router: Router) -> FakeLink:
+    def connect(info: WorkerInfo, router: LinkEvents) -> FakeLink:
         links[info.uid] = FakeLink(info, router)
         return links[info.uid]
 
@@ -391,7 +393,7 @@ async def test_a_link_that_fails_unexpectedly_ends_the_router() -> None:
         async def run(self) -> None:
             raise RuntimeError("link bug")
 
-    def connect(info: WorkerInfo, router: Router) -> FakeLink:
+    def connect(info: WorkerInfo, router: LinkEvents) -> FakeLink:
         return Broken(info, router)
 
     with pytest.raises(BaseExceptionGroup) as raised:

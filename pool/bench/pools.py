@@ -1,0 +1,82 @@
+"""The pools ``pool bench`` measures, opened alike: shm-pool (an embedded
+:class:`~pool.Pool`, or a running pool by namespace) and its peers,
+``ProcessPoolExecutor`` and ``multiprocessing.Pool``, each with its
+workers' pids.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import multiprocessing
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, contextmanager
+from typing import Any, Final, Protocol
+
+from discovery import list_workers
+from pool.bench.tasks import noop
+from pool.client.embedded import Pool
+from pool.client.executor import Client
+
+
+class Executor(Protocol):
+    def submit(self, fn: Callable[..., Any], /, *args: Any) -> Any: ...
+    def map(self, fn: Callable[..., Any], *it: Any) -> Any: ...
+
+
+class MpAdapter:
+    """``multiprocessing.Pool`` through the calls the set makes."""
+
+    def __init__(self, pool: Any) -> None:
+        self.pool = pool
+
+    def submit(self, fn: Callable[..., Any], /, *args: Any) -> Any:
+        return MpFuture(self.pool.apply_async(fn, args))
+
+    def map(self, fn: Callable[..., Any], *it: Any) -> Any:
+        return self.pool.imap(fn, *it)
+
+
+class MpFuture:
+    def __init__(self, result: Any) -> None:
+        self._result = result
+
+    def result(self) -> Any:
+        return self._result.get()
+
+
+@contextmanager
+def _ours(workers: int, namespace: str | None) -> Iterator[tuple[Executor, list[int]]]:
+    if namespace is not None:
+        with Client(namespace) as client:
+            yield client, [w.pid for w in list_workers(namespace)]
+        return
+    embedded = Pool(workers=workers)
+    with embedded as client:
+        yield client, [w.pid for w in list_workers(embedded.namespace)]
+
+
+@contextmanager
+def _process_pool(workers: int) -> Iterator[tuple[Executor, list[int]]]:
+    with concurrent.futures.ProcessPoolExecutor(workers) as executor:
+        list(executor.map(noop, range(workers)))  # it starts workers lazily
+        yield executor, list(executor._processes)
+
+
+@contextmanager
+def _mp_pool(workers: int) -> Iterator[tuple[Executor, list[int]]]:
+    with multiprocessing.Pool(workers) as pool:
+        yield MpAdapter(pool), [p.pid for p in pool._pool]  # type: ignore[attr-defined]
+
+
+OURS: Final = "shm-pool"
+PEERS: Final = ("ProcessPoolExecutor", "mp.Pool")
+
+
+def opener(
+    name: str, workers: int, namespace: str | None
+) -> Callable[[], AbstractContextManager[tuple[Executor, list[int]]]]:
+    if name == OURS:
+        return lambda: _ours(workers, namespace)
+    if name == PEERS[0]:
+        return lambda: _process_pool(workers)
+    return lambda: _mp_pool(workers)

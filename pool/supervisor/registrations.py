@@ -1,0 +1,82 @@
+"""What the supervisor follows of its registry: every registered worker's
+status, and the ones that stay stuck.
+
+:class:`Registrations` reads the namespace's events (in shared memory, or
+in Redis with ``discovery_url``), shows each through the view, and keeps
+each registered worker's status by uid, so that the supervisor can wait
+until every worker it started is registered (:meth:`until_registered`). A
+worker whose status stays ``"stuck"`` (every thread held by a task that
+timed out or was cancelled) for ``stuck_grace_s`` is handed to
+``on_stuck``, which replaces it. Owned by the supervisor, which runs
+:meth:`Registrations.follow` and each grace in its task group (``spawn``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
+from typing import Any
+
+from discovery import backends
+from pool.supervisor.children import START_TIMEOUT_S, Child, ChildFailed
+from pool.supervisor.view import View
+
+
+class Registrations:
+    """See the module docstring."""
+
+    def __init__(
+        self,
+        namespace: str,
+        discovery_url: str | None,
+        view: View,
+        *,
+        stuck_grace_s: float,
+        spawn: Callable[[Coroutine[Any, Any, None]], object],
+        on_stuck: Callable[[str, int], Awaitable[None]],
+    ) -> None:
+        self._namespace, self._url, self._view = namespace, discovery_url, view
+        self._stuck_grace_s = stuck_grace_s
+        self._spawn, self._on_stuck = spawn, on_stuck
+        self._status: dict[str, str] = {}  # uid -> status, of registered workers
+        self.changed = asyncio.Event()  # set at each change: look again
+
+    async def follow(self) -> None:
+        """Follow the registry's events until cancelled."""
+        async for event in backends.subscriber_for(self._namespace, self._url):
+            info = event.worker_info
+            uid = str(info.uid)
+            if event.type == "worker-dropped":
+                self._status.pop(uid, None)
+            else:
+                was = self._status.get(uid)
+                self._status[uid] = info.status
+                if info.status == "stuck" and was != "stuck":
+                    self._spawn(self._stuck(uid, info.pid))
+            self.changed.set()
+            self._view.event(event)
+
+    async def _stuck(self, uid: str, pid: int) -> None:
+        await asyncio.sleep(self._stuck_grace_s)  # the grace period itself
+        if self._status.get(uid) == "stuck":
+            self._view.note("worker-stuck", pid=pid, uid=uid[:8])
+            await self._on_stuck(uid, pid)
+
+    async def until_registered(self, workers: Sequence[Child]) -> None:
+        """Wait until every one of ``workers`` is ready and seen registered.
+
+        :raises ChildFailed: if some are not within :data:`START_TIMEOUT_S`.
+        """
+        try:
+            async with asyncio.timeout(START_TIMEOUT_S):
+                while not all(
+                    c.ready and c.ready["uid"] in self._status for c in workers
+                ):
+                    await self.changed.wait()
+                    self.changed.clear()
+        except TimeoutError:
+            late = sum(1 for c in workers if not c.ready)
+            raise ChildFailed(
+                f"{late} of {len(workers)} workers were not ready within "
+                f"{START_TIMEOUT_S:g} s; see the errors above"
+            ) from None

@@ -1,0 +1,207 @@
+"""The two halves of a task stream, written once for both of its hops.
+
+A task stream carries batches of tasks (and cancels) one way and batches
+of results (and the ids of tasks taken) the other. It runs on two hops,
+with the same halves at each end::
+
+    client Connection ── Outgoing ──> Incoming ── dispatcher ClientStream
+    dispatcher WorkerLink ── Outgoing ──> Incoming ── worker Run stream
+
+:class:`Outgoing`, the sending half: what is still to be written, in order
+(tasks, then cancels), handed out as messages of at most
+:data:`MAX_BATCH_TASKS` tasks; a task carries its function's pickle only
+if the receiver does not hold it (the stream's
+:class:`~workers.protocol.shipping.StreamCache`, empty again on a new
+stream). What was sent and not answered, and so what to send again on a
+reconnect, is its owner's ledger (the client's
+:class:`~pool.client.connection.Ledger`, the dispatcher's router).
+
+:class:`Incoming`, the receiving half: checks each task as it arrives (its
+function's pickle against the cache, its id not already in flight), holds
+what it took until it is answered, at most ``max_tasks`` at once (the
+reader stops reading while full, so gRPC flow control holds the sender),
+collects answers into its :class:`~workers.protocol.outbox.Outbox`, and
+closes it once the sender has closed its side and every task is answered.
+:meth:`Incoming.serve` runs the reader beside the writer of answers.
+
+Per task on each hop: one Task (or Submission) message in a batch, one
+Result in a batch, one id in an ``accepted`` list; per message: one write,
+one wake-up of the writer, one copy of each task into the batch.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable, Coroutine, Generator
+from typing import Any, Final, Generic, TypeVar
+
+from workers.protocol import codec, shipping
+from workers.protocol.errors import BadTask
+from workers.protocol.outbox import Outbox
+from workers.protocol.worker_pb2 import Failure, Result, ResultBatch, Task
+
+MAX_BATCH_TASKS: Final = 4096  # tasks per message
+
+Item = TypeVar("Item")  # what is written: a Task, or a Submission holding one
+Entry = TypeVar("Entry")  # what a receiver keeps of a task it took
+
+
+class Outgoing(Generic[Item]):
+    """The sending half of a stream; see the module docstring.
+
+    :param task_of: the task an item carries (the item itself for a Task).
+    """
+
+    def __init__(
+        self, task_of: Callable[[Item], Task], wake: asyncio.Event | None = None
+    ) -> None:
+        self._task_of = task_of
+        self._items: dict[int, tuple[Item, bytes]] = {}  # by task id, in order
+        self._cancels: list[int] = []
+        self._shipped = shipping.StreamCache()
+        # Set when there is something to write (the owner may share it).
+        self.wake = wake if wake is not None else asyncio.Event()
+
+    def __bool__(self) -> bool:
+        return bool(self._items or self._cancels)
+
+    def new_stream(self) -> None:
+        """A new stream starts: the receiver holds no function of ours."""
+        self._shipped = shipping.StreamCache()
+
+    def add(self, item: Item, code: bytes = b"") -> None:
+        """Write ``item`` next; ``code`` is its function's pickle if it
+        ships one (:mod:`workers.protocol.shipping`)."""
+        self._items[self._task_of(item).id] = (item, code)
+        self.wake.set()
+
+    def withdraw(self, task_id: int) -> bool:
+        """Take back a task not written yet; whether it was there."""
+        return self._items.pop(task_id, None) is not None
+
+    def cancel(self, task_id: int) -> None:
+        """Ask the receiver to cancel a task it was sent."""
+        self._cancels.append(task_id)
+        self.wake.set()
+
+    def clear(self) -> None:
+        self._items, self._cancels = {}, []
+
+    def take(self) -> Generator[tuple[list[Item], list[int]], None, None]:
+        """What is to be written: parts of at most :data:`MAX_BATCH_TASKS`
+        items (the cancels with the first), each task carrying its
+        function's pickle where the receiver needs it. Make each part's
+        message before the next is taken: the pickle is cleared from the
+        item then (the message holds its own copy)."""
+        items, self._items = list(self._items.values()), {}
+        cancels, self._cancels = self._cancels, []
+        for start in range(0, max(len(items), 1), MAX_BATCH_TASKS):
+            part = items[start : start + MAX_BATCH_TASKS]
+            carrying = [(self._task_of(item), code) for item, code in part if code]
+            for task, code in carrying:
+                task.code = self._shipped.outgoing(task.digest, code)
+            try:
+                yield [item for item, _ in part], cancels
+            finally:
+                for task, _ in carrying:
+                    task.ClearField("code")
+            cancels = []
+
+    async def write_all(
+        self,
+        write: Callable[[list[Item], list[int]], Awaitable[bool]],
+        done: Callable[[], bool] = lambda: False,
+    ) -> None:
+        """Write what comes, as it comes, until ``write`` says the stream is
+        gone (False) or ``done()`` holds with nothing left to write."""
+        while True:
+            if not self:
+                if done():
+                    return
+                self.wake.clear()
+                await self.wake.wait()
+                continue
+            parts = self.take()
+            try:
+                for items, cancels in parts:
+                    if not await write(items, cancels):
+                        return
+            finally:
+                parts.close()
+
+
+class Incoming(Generic[Entry]):
+    """The receiving half of a stream; see the module docstring."""
+
+    def __init__(self, max_tasks: int) -> None:
+        self.entries: dict[int, Entry] = {}  # by the sender's task id
+        self.outbox = Outbox()
+        self.max_tasks = max_tasks
+        self.reading = True  # the sender has not closed its side
+        self._shipped = shipping.StreamCache()
+        self._room = asyncio.Event()
+
+    def admit(self, task: Task) -> bytes | None:
+        """Check a task as it arrives: its function's pickle (empty for one
+        named), or None if it was answered at once (a pickle that does not
+        match the cache, or an id in flight). The cache goes first, whatever
+        becomes of the task, so that both ends of the stream agree."""
+        code = b""
+        if task.digest:
+            try:
+                code = self._shipped.incoming(task.digest, task.code)
+            except shipping.ShippingError as exc:
+                self.refuse(task.id, codec.failure_of(BadTask(str(exc)), remote=False))
+                return None
+            task.ClearField("code")  # its holder keeps the one copy
+        if task.id in self.entries:
+            self.refuse(task.id, codec.id_reused(task.id))
+            return None
+        return code
+
+    def refuse(self, task_id: int, failure: Failure) -> None:
+        """Answer a task that was not taken."""
+        self.outbox.put(Result(id=task_id, failure=failure))
+
+    def answer(self, task_id: int, result: Result | None) -> None:
+        """Settle a task it holds: ``result`` goes out (None: nobody is left
+        to hear it); its room frees; the outbox closes once drained."""
+        del self.entries[task_id]
+        if result is not None:
+            self.outbox.put(result)
+        if len(self.entries) < self.max_tasks:
+            self._room.set()
+        if not self.entries and not self.reading:
+            self.outbox.close()
+
+    async def wait_for_room(self, elsewhere: asyncio.Event | None = None) -> None:
+        """Return once it holds fewer than ``max_tasks`` (and ``elsewhere``,
+        a room further on, is set): the reader waits here."""
+        while len(self.entries) >= self.max_tasks or not (
+            elsewhere is None or elsewhere.is_set()
+        ):
+            if len(self.entries) >= self.max_tasks:
+                self._room.clear()
+                await self._room.wait()
+            elif elsewhere is not None:
+                await elsewhere.wait()
+
+    def end_of_input(self) -> None:
+        """The sender closed its side: end once every task is answered."""
+        self.reading = False
+        if not self.entries:
+            self.outbox.close()
+
+    async def serve(
+        self,
+        read: Coroutine[Any, Any, None],
+        write: Callable[[ResultBatch], Awaitable[None]],
+    ) -> None:
+        """Run ``read`` (the sender's batches into this) beside the writer
+        of answers, until the outbox closes; then stop reading: what the
+        sender writes from now on finds the stream closed."""
+        async with asyncio.TaskGroup() as group:
+            reading = group.create_task(read)
+            async for batch in self.outbox.batches():
+                await write(batch)
+            reading.cancel()
