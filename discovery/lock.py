@@ -86,14 +86,21 @@ class RegistryLock:
             if held:
                 self._release()
 
+    def _waits(self) -> Iterator[float]:
+        """The sleeps between attempts until the lock is taken (none if it is
+        free now), then :class:`LockTimeout` at the deadline."""
+        if self._try():
+            return
+        for delay in self._delays():
+            yield delay
+            if self._try():
+                return
+
     @contextmanager
     def hold(self) -> Iterator[None]:
         """Hold the lock, waiting (blocking this thread) up to ``timeout_s``."""
-        if not self._try():
-            for delay in self._delays():
-                time.sleep(delay)
-                if self._try():
-                    break
+        for delay in self._waits():
+            time.sleep(delay)
         try:
             yield
         finally:
@@ -102,11 +109,8 @@ class RegistryLock:
     @asynccontextmanager
     async def hold_async(self) -> AsyncIterator[None]:
         """Hold the lock, waiting on the event loop up to ``timeout_s``."""
-        if not self._try():
-            for delay in self._delays():
-                await asyncio.sleep(delay)
-                if self._try():
-                    break
+        for delay in self._waits():
+            await asyncio.sleep(delay)
         try:
             yield
         finally:

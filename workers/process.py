@@ -134,24 +134,37 @@ async def _serve(config: WorkerSettings, stopper: serving.Stopper) -> None:
             capacity=config.concurrency * config.prefetch,
         )
         reporter = _Reporter(service, info, config.prefetch, changed)
-        registry = backends.publisher_for(config.namespace, config.discovery_url)
-        async with registry as publisher:
-            await publisher.publish("worker-added", info)
-            serving.announce_ready(config.ready_fd, uid=str(uid), address=address)
-            async with asyncio.TaskGroup() as group:
-                reporting = group.create_task(reporter.run(publisher))
-                await stopper.wait()
-                reporting.cancel()
-            service.draining = True
-            await health_service.enter_graceful_shutdown()
-            await publisher.publish("worker-updated", reporter.current())
-            await _drain(service, config.grace_s)
-            service.end_streams()
+        await _registered(config, reporter, stopper, health_service)
     finally:
         await server.stop(1.0)
         await service.aclose()
         if socket_path is not None:
             socket_path.unlink(missing_ok=True)
+
+
+async def _registered(
+    config: WorkerSettings,
+    reporter: _Reporter,
+    stopper: serving.Stopper,
+    health_service: health.aio.HealthServicer,
+) -> None:
+    """Publish the worker, say READY, report until told to stop, then drain
+    (published as draining, then dropped)."""
+    service = reporter.service
+    registry = backends.publisher_for(config.namespace, config.discovery_url)
+    async with registry as publisher:
+        await publisher.publish("worker-added", reporter.info)
+        uid, address = str(reporter.info.uid), reporter.info.address
+        serving.announce_ready(config.ready_fd, uid=uid, address=address)
+        async with asyncio.TaskGroup() as group:
+            reporting = group.create_task(reporter.run(publisher))
+            await stopper.wait()
+            reporting.cancel()
+        service.draining = True
+        await health_service.enter_graceful_shutdown()
+        await publisher.publish("worker-updated", reporter.current())
+        await _drain(service, config.grace_s)
+        service.end_streams()
 
 
 async def _drain(service: WorkerService, grace_s: float) -> None:
@@ -175,29 +188,29 @@ class _Reporter:
         prefetch: int,
         changed: asyncio.Event,
     ) -> None:
-        self._service, self._info, self._prefetch = service, info, prefetch
+        self.service, self.info, self._prefetch = service, info, prefetch
         self._changed = changed
 
     def current(self) -> WorkerInfo:
-        service = self._service
+        service = self.service
         status: Status = "ready"
         if service.draining:
             status = "draining"
         elif service.free_threads == 0:
             status = "stuck"
         return dataclasses.replace(
-            self._info,
+            self.info,
             status=status,
             capacity=self._capacity(),
-            extra={**self._info.extra, **_counters(service)},
+            extra={**self.info.extra, **_counters(service)},
         )
 
     def _capacity(self) -> int:
         """Tasks the dispatcher may send: ``prefetch`` per free thread, eight
         times as many while tasks are short (each message then carries
         many), and one past the free threads while they are long."""
-        free = self._service.free_threads
-        pace = self._service.pace.pace
+        free = self.service.free_threads
+        pace = self.service.pace.pace
         if pace == "long":
             return max(1, free + 1)
         return max(
@@ -205,8 +218,8 @@ class _Reporter:
         )
 
     async def run(self, publisher: backends.AnyPublisher) -> None:
-        published = self._info
-        stuck_changed = self._service.stuck_changed
+        published = self.info
+        stuck_changed = self.service.stuck_changed
         while True:
             await self._changed.wait()
             self._changed.clear()

@@ -6,14 +6,16 @@ from __future__ import annotations
 import argparse
 import importlib.util
 
-from pool.cli.common import UsageError
+from pool.cli.common import Commands, UsageError, command
 from pool.client.executor import Client
 
 
-def add(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    bench = commands.add_parser(
+def add(commands: Commands) -> None:
+    bench = command(
+        commands,
         "bench",
-        help="measure speed and memory, side by side with the standard pools",
+        run_bench,
+        summary="measure speed and memory, side by side with the standard pools",
         description="Run the standard benchmark set (start, round trip, submit "
         "and map throughput, CPU-bound work, memory, replacement of a killed "
         "worker) against a pool started in this process, or a running one "
@@ -50,7 +52,6 @@ def add(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         help="also write a bar chart of the ratios (needs --peers and the "
         "`bench` extra: pip install 'shm-pool[bench]')",
     )
-    bench.set_defaults(run=run_bench)
 
 
 def run_bench(args: argparse.Namespace) -> int:

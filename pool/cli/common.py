@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Callable
+from typing import TypeAlias
 
 from discovery import DiscoveryError, backends
 from pool.errors import PoolError, leaves
@@ -17,8 +19,28 @@ from workers.settings import NAMESPACE, existing_file
 EXPECTED = (PoolError, DiscoveryError, TaskError, OSError)
 
 
+# What add_parser is called on.
+Commands: TypeAlias = "argparse._SubParsersAction[argparse.ArgumentParser]"
+
+
 class UsageError(Exception):
     """A command-line argument that cannot be used as given."""
+
+
+def command(
+    commands: Commands,
+    name: str,
+    run: Callable[[argparse.Namespace], int],
+    *,
+    summary: str,
+    description: str,
+) -> argparse.ArgumentParser:
+    """The parser of one command, which ``run`` runs."""
+    parser: argparse.ArgumentParser = commands.add_parser(
+        name, help=summary, description=description
+    )
+    parser.set_defaults(run=run)
+    return parser
 
 
 def add_namespace(parser: argparse.ArgumentParser, help: str | None = None) -> None:

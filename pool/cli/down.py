@@ -8,16 +8,18 @@ import select
 import signal
 
 from discovery import owner_pid
-from pool.cli.common import add_namespace
+from pool.cli.common import Commands, add_namespace, command
 from pool.errors import PoolError
 
 DOWN_TIMEOUT_S = 60.0
 
 
-def add(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    down = commands.add_parser(
+def add(commands: Commands) -> None:
+    down = command(
+        commands,
         "down",
-        help="drain and stop a running pool",
+        run_down,
+        summary="drain and stop a running pool",
         description="Ask the pool of NAMESPACE to drain and stop (as Ctrl-C on "
         "`pool up` does), and wait until it has. With no pool running there is "
         "nothing to stop: it says so and exits 0.",
@@ -30,7 +32,6 @@ def add(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         metavar="SECONDS",
         help="how long to wait for it to stop (default 60)",
     )
-    down.set_defaults(run=run_down)
 
 
 def run_down(args: argparse.Namespace) -> int:

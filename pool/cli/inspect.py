@@ -28,7 +28,7 @@ from discovery import (
     paths,
     sweep_dead,
 )
-from pool.cli.common import add_namespace, add_remote, remote_url
+from pool.cli.common import Commands, add_namespace, add_remote, command, remote_url
 from pool.client.rendezvous import Locator
 from pool.dispatcher_pb2 import ListWorkersRequest
 from pool.dispatcher_pb2_grpc import DispatcherStub
@@ -38,10 +38,18 @@ from pool.supervisor.view import PlainView, describe, line
 from workers.protocol import auth
 
 
-def add(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    workers = commands.add_parser(
+def add(commands: Commands) -> None:
+    _add_workers(commands)
+    _add_watch(commands)
+    _add_ls(commands)
+
+
+def _add_workers(commands: Commands) -> None:
+    workers = command(
+        commands,
         "workers",
-        help="list the registered workers (read from shared memory), with what "
+        run_workers,
+        summary="list the registered workers (read from shared memory), with what "
         "the dispatcher has sent each and has queued",
         description="List the workers registered in NAMESPACE's shared memory, "
         "one line each (a table on a terminal): pid, address, status, tasks "
@@ -50,11 +58,14 @@ def add(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     )
     add_namespace(workers)
     add_remote(workers)
-    workers.set_defaults(run=run_workers)
 
-    watch = commands.add_parser(
+
+def _add_watch(commands: Commands) -> None:
+    watch = command(
+        commands,
         "watch",
-        help="print worker events as they happen (Ctrl-C to stop)",
+        run_watch,
+        summary="print worker events as they happen (Ctrl-C to stop)",
         description="Print each worker-added, worker-updated and worker-dropped "
         "event of NAMESPACE as it happens, one line each, until Ctrl-C. A "
         "namespace with no pool yet is waited for.",
@@ -68,11 +79,14 @@ def add(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         help="stop after this long; exit 1 if no pool showed a worker by then "
         "(default: until Ctrl-C)",
     )
-    watch.set_defaults(run=run_watch)
 
-    ls = commands.add_parser(
+
+def _add_ls(commands: Commands) -> None:
+    ls = command(
+        commands,
         "ls",
-        help="list this user's pools, and what dead ones left",
+        run_ls,
+        summary="list this user's pools, and what dead ones left",
         description="List every pool in this user's runtime directory: its "
         "namespace, owner pid (or `dead` for leftovers of a pool that was "
         "killed), workers, shared-memory segment and runtime directory, so a "
@@ -86,7 +100,6 @@ def add(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         help="remove what dead pools left (segments and files); live pools "
         "are never touched",
     )
-    ls.set_defaults(run=run_ls)
 
 
 def run_workers(args: argparse.Namespace) -> int:

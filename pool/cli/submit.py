@@ -8,16 +8,25 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from pool.cli.common import UsageError, add_namespace, add_remote, remote_url
+from pool.cli.common import (
+    Commands,
+    UsageError,
+    add_namespace,
+    add_remote,
+    command,
+    remote_url,
+)
 from pool.client.executor import Client
 from pool.errors import PoolError
 from workers.protocol.errors import BadTask
 
 
-def add(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    submit = commands.add_parser(
+def add(commands: Commands) -> None:
+    submit = command(
+        commands,
         "submit",
-        help="run one task and print its result",
+        run_submit,
+        summary="run one task and print its result",
         description="Run MODULE:FUNC(ARG, ..., NAME=ARG, ...) in the pool and print "
         "the result's repr. Each ARG is a Python literal: 42, 'text', [1, 2], "
         "{'a': 1}; NAME=ARG passes it by keyword (after the positional ones). "
@@ -33,7 +42,6 @@ def add(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         metavar="SECONDS",
         help="fail the task if it runs longer than this (default: no limit)",
     )
-    submit.set_defaults(run=run_submit)
 
 
 def run_submit(args: argparse.Namespace) -> int:

@@ -19,7 +19,7 @@ import uvloop
 from grpc import aio
 
 from discovery import backends
-from pool.cli.common import UsageError
+from pool.cli.common import Commands, UsageError, command
 from pool.client.rendezvous import Locator
 from pool.dispatcher_pb2 import ListWorkersRequest
 from pool.dispatcher_pb2_grpc import DispatcherStub
@@ -34,17 +34,18 @@ from workers.settings import SettingError, add_arguments, from_arguments
 TICK_S = 1.0  # how often `up` asks the dispatcher for its queue length
 
 
-def add(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    up = commands.add_parser(
+def add(commands: Commands) -> None:
+    up = command(
+        commands,
         "up",
-        help="start a pool and show its workers' lifecycle",
+        run,
+        summary="start a pool and show its workers' lifecycle",
         description="Start a dispatcher and WORKERS workers in NAMESPACE and show "
         "every worker added, updated and dropped. Ctrl-C (or SIGTERM, or "
         "`pool down`) drains and leaves nothing behind; a second Ctrl-C "
         "stops at once.",
     )
     add_arguments(up, PoolSettings)
-    up.set_defaults(run=run)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -1,0 +1,127 @@
+"""The worker's service in this process, over a real grpc.aio stream: what
+it accepts, what it refuses, and the room that holds a sender back."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+from grpc import aio
+
+from tests.rpc import SQUARE, call, status, value
+from workers import running
+from workers.protocol.worker_pb2 import ResultBatch, Task, TaskBatch
+from workers.protocol.worker_pb2_grpc import WorkerStub, add_WorkerServicer_to_server
+from workers.service import WorkerService
+
+pytestmark = pytest.mark.timeout(30)
+GATED = "tests.sample_tasks:gated"
+
+
+class Stream:
+    """One Run call, and everything it answered so far."""
+
+    def __init__(self, stub: WorkerStub) -> None:
+        self.call = stub.Run()
+        self.accepted: list[int] = []
+        self.results: dict[int, list[Any]] = {}
+        self.changed = asyncio.Event()
+
+    async def send(self, *tasks: Task) -> None:
+        await self.call.write(TaskBatch(tasks=tasks))
+
+    async def read(self) -> None:
+        async for batch in self.call:
+            assert isinstance(batch, ResultBatch)
+            self.accepted += batch.accepted
+            for result in batch.results:
+                self.results.setdefault(result.id, []).append(result)
+            self.changed.set()
+
+    async def until(self, done: Any) -> None:
+        async with asyncio.timeout(20):
+            while not done():
+                self.changed.clear()
+                await self.changed.wait()
+
+
+@asynccontextmanager
+async def worker(tmp_path: Path) -> AsyncIterator[tuple[Stream, Path]]:
+    """A service on loopback and one stream to it; ``gate`` frees gated tasks."""
+    gate = tmp_path / "gate"
+    service = WorkerService(1, lambda: None)
+    server = aio.server()
+    add_WorkerServicer_to_server(service, server)  # type: ignore[no-untyped-call]
+    port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    channel = aio.insecure_channel(f"127.0.0.1:{port}")
+    stream = Stream(WorkerStub(channel))  # type: ignore[no-untyped-call]
+    try:
+        async with asyncio.TaskGroup() as group:
+            reading = group.create_task(stream.read())
+            try:
+                yield stream, gate
+            finally:
+                gate.touch()
+                await stream.call.done_writing()
+                await asyncio.wait_for(reading, 20)
+    finally:
+        await channel.close()
+        await server.stop(0)
+        await service.aclose()
+
+
+def gated(task_id: int, gate: Path) -> Task:
+    return Task(id=task_id, function=GATED, args=call(str(gate), task_id))
+
+
+async def test_a_task_is_accepted_then_answered_once_and_its_id_guarded(
+    tmp_path: Path,
+) -> None:
+    """The worker says it took a task before its result; the same id sent
+    while it is in flight is refused with ALREADY_EXISTS, and the first goes
+    on to its one answer."""
+    async with worker(tmp_path) as (stream, gate):
+        await stream.send(gated(1, gate))
+        await stream.until(lambda: 1 in stream.accepted)
+        await stream.send(gated(1, gate))
+        await stream.until(lambda: 1 in stream.results)
+        (refused,) = stream.results[1]
+        assert status(refused) == grpc.StatusCode.ALREADY_EXISTS
+        gate.touch()
+        await stream.until(lambda: len(stream.results[1]) == 2)
+        assert value(stream.results[1][1]) == 1
+        assert stream.accepted == [1]
+
+
+async def test_a_malformed_task_is_refused_alone(tmp_path: Path) -> None:
+    async with worker(tmp_path) as (stream, _):
+        bad = Task(id=5, function=SQUARE, args=call(3), timeout_s=-1.0)
+        await stream.send(bad, Task(id=6, function=SQUARE, args=call(4)))
+        await stream.until(lambda: {5, 6} <= stream.results.keys())
+        assert status(stream.results[5][0]) == grpc.StatusCode.INVALID_ARGUMENT
+        assert value(stream.results[6][0]) == 16
+        assert stream.accepted == [6]
+
+
+async def test_a_full_stream_is_not_read_until_a_task_is_answered(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With room for two, a third task is not even read (so gRPC's flow
+    control holds the sender) until one of the two is answered."""
+    monkeypatch.setattr(running, "MAX_STREAM_TASKS", 2)
+    async with worker(tmp_path) as (stream, gate):
+        await stream.send(gated(1, gate), gated(2, gate))
+        await stream.until(lambda: stream.accepted == [1, 2])
+        await stream.send(Task(id=3, function=SQUARE, args=call(3)))
+        # (A bounded look: a slow machine can only let this pass wrongly.)
+        await asyncio.sleep(0.3)
+        assert 3 not in stream.accepted and 3 not in stream.results
+        gate.touch()
+        await stream.until(lambda: {1, 2, 3} <= stream.results.keys())
+        assert value(stream.results[3][0]) == 9
