@@ -57,7 +57,7 @@ def add(commands: Commands) -> None:
 def run_bench(args: argparse.Namespace) -> int:
     from rich.console import Console
 
-    from pool import bench
+    from pool.bench import suite
 
     if args.workers < 1 or args.runs < 1 or args.tasks < 1:
         raise UsageError("--workers, --runs and --tasks must be at least 1")
@@ -67,7 +67,7 @@ def run_bench(args: argparse.Namespace) -> int:
         raise UsageError("--chart needs matplotlib: pip install 'shm-pool[bench]'")
     if args.namespace is not None:
         Client(args.namespace).shutdown()  # a clear error if it is not running
-    settings = bench.Settings(
+    settings = suite.Settings(
         workers=args.workers,
         runs=args.runs,
         tasks=args.tasks,
@@ -75,9 +75,9 @@ def run_bench(args: argparse.Namespace) -> int:
         peers=args.peers,
     )
     console = Console()
-    results = bench.run(settings, console)
-    console.print(bench.table(results, settings))
+    results = suite.run(settings, console)
+    console.print(suite.table(results, settings))
     if args.chart:
-        bench.chart(results, args.chart)
+        suite.chart(results, args.chart)
         console.print(f"chart: {args.chart}")
     return 0

@@ -141,7 +141,7 @@ class Supervisor:
                 await self._prepare()
                 await self._supervise(stop, kill_now)
             finally:
-                self._control.close()
+                await self._control.aclose()
                 if self._parent_fd >= 0:
                     os.close(self._parent_fd)
         finally:

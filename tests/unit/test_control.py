@@ -34,7 +34,7 @@ async def test_a_full_pipe_holds_the_writer_and_loses_nothing() -> None:
         received = await asyncio.to_thread(_read_lines, reader, LINES)
         await sending
     assert [json.loads(line)["exit"]["pid"] for line in received] == list(range(LINES))
-    pipe.close()
+    await pipe.aclose()
 
 
 async def test_orders_for_a_dispatcher_that_is_gone_go_nowhere() -> None:
@@ -44,7 +44,7 @@ async def test_orders_for_a_dispatcher_that_is_gone_go_nowhere() -> None:
     os.close(read_fd)
     for _ in range(3):
         await pipe.send(drain=True)  # no error, and no wait
-    pipe.close()
+    await pipe.aclose()
 
 
 def _read_lines(reader: object, count: int) -> list[bytes]:
@@ -54,3 +54,26 @@ def _read_lines(reader: object, count: int) -> list[bytes]:
         if len(lines) == count:
             break
     return lines
+
+
+async def test_closing_closes_the_descriptor_then_and_once() -> None:
+    """Regression: the write end was closed by a transport at a later turn
+    of the loop (or by the garbage collector), by which time an embedded
+    pool's process may have reused the number: a later pool then failed
+    with EBADF (seen in `pool bench`, which starts many pools)."""
+    read_fd, write_fd = os.pipe()
+    pipe = ControlPipe()
+    await pipe.attach(write_fd)
+    await pipe.send(started=True)
+    await pipe.aclose()
+    with pytest.raises(OSError):
+        os.fstat(write_fd)  # closed at once
+    reused_read, reused_write = os.pipe()  # may take the same numbers now
+    try:
+        await pipe.aclose()  # closes nothing twice
+        os.fstat(reused_read)
+        os.fstat(reused_write)
+        assert os.read(read_fd, 100) == b'{"started": true}\n'
+    finally:
+        for fd in (read_fd, reused_read, reused_write):
+            os.close(fd)
