@@ -10,9 +10,9 @@ a repeat.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from types import MappingProxyType
-from typing import Final, Literal, get_args
+from typing import Final, Literal, Protocol, get_args
 from uuid import UUID
 
 from google.protobuf.message import DecodeError
@@ -157,3 +157,24 @@ class DiscoveryEvent:
 
     type: EventType
     worker_info: WorkerInfo
+
+
+class Follower(Protocol):
+    """One iteration's state of a subscriber: the next events, and an end."""
+
+    async def next_batch(self) -> list[DiscoveryEvent]: ...
+    async def aclose(self) -> None: ...
+
+
+async def events_of(
+    start: Callable[[], Follower],
+) -> AsyncIterator[DiscoveryEvent]:
+    """The events of the follower ``start`` makes (once iterated), one at a
+    time, until the caller stops; then its end. Both subscribers iterate so."""
+    follower = start()
+    try:
+        while True:
+            for event in await follower.next_batch():
+                yield event
+    finally:
+        await follower.aclose()

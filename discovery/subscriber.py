@@ -42,7 +42,7 @@ from uuid import UUID
 
 from discovery import paths, watch
 from discovery.errors import NamespaceNotFound, RegistryCorrupt
-from discovery.info import DiscoveryEvent, WorkerInfo
+from discovery.info import DiscoveryEvent, WorkerInfo, events_of
 from discovery.layout import SlotRead
 from discovery.liveness import PidWatch, PidWatches, Reaper, sweep
 from discovery.registry import Registry
@@ -107,16 +107,7 @@ class Subscriber:
         return self._poll_interval or POLL_INTERVAL_S
 
     def __aiter__(self) -> AsyncIterator[DiscoveryEvent]:
-        return self._stream()
-
-    async def _stream(self) -> AsyncIterator[DiscoveryEvent]:
-        follower = _Follower(self)
-        try:
-            while True:
-                for event in await follower.next_batch():
-                    yield event
-        finally:
-            follower.close()
+        return events_of(lambda: _Follower(self))
 
 
 @contextlib.contextmanager
@@ -171,7 +162,7 @@ class _Follower:
         self._poll_tick = False  # the last wait ended by the poll interval
         self._corrupt_warned = False
 
-    def close(self) -> None:
+    async def aclose(self) -> None:
         watch.unwatch(self._handle)
         self._handle = None
         self._release()

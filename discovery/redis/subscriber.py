@@ -12,7 +12,7 @@ from typing import Any
 from uuid import UUID
 
 from discovery import paths
-from discovery.info import EVENT_TYPES, DiscoveryEvent, WorkerInfo
+from discovery.info import EVENT_TYPES, DiscoveryEvent, WorkerInfo, events_of
 from discovery.redis.keys import (
     HEARTBEAT_S,
     POLL_INTERVAL_S,
@@ -58,16 +58,7 @@ class RedisSubscriber:
         self.grace_s = ttl_s + heartbeat_s  # for workers lost in a Redis restart
 
     def __aiter__(self) -> AsyncIterator[DiscoveryEvent]:
-        return self._stream()
-
-    async def _stream(self) -> AsyncIterator[DiscoveryEvent]:
-        follower = _Follower(self)
-        try:
-            while True:
-                for event in await follower.next_batch():
-                    yield event
-        finally:
-            await follower.aclose()
+        return events_of(lambda: _Follower(self))
 
 
 class _Follower:
