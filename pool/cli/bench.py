@@ -9,26 +9,24 @@ import importlib.util
 from pool.cli.common import Commands, UsageError, command
 from pool.client.executor import Client
 
+BENCH = """measure speed and memory, side by side with the standard pools
+
+Run the standard benchmark set (start, round trip, submit and map
+throughput, CPU-bound work, memory, replacement of a killed worker) against
+a pool started in this process, or a running one with --namespace, and
+print medians; with --peers, beside ProcessPoolExecutor and
+multiprocessing.Pool of as many workers, as ratios. See benchmarks/README.md
+for what each figure means.
+"""
+NAMESPACE_HELP = """measure this running pool (default: start one in this
+process; start, replacement and CPU-bound figures need that)"""
+CHART_HELP = """also write a bar chart of the ratios (needs --peers and the
+`bench` extra: pip install 'shm-pool[bench]')"""
+
 
 def add(commands: Commands) -> None:
-    bench = command(
-        commands,
-        "bench",
-        run_bench,
-        summary="measure speed and memory, side by side with the standard pools",
-        description="Run the standard benchmark set (start, round trip, submit "
-        "and map throughput, CPU-bound work, memory, replacement of a killed "
-        "worker) against a pool started in this process, or a running one "
-        "with --namespace, and print medians; with --peers, beside "
-        "ProcessPoolExecutor and multiprocessing.Pool of as many workers, as "
-        "ratios. See benchmarks/README.md for what each figure means.",
-    )
-    bench.add_argument(
-        "-n",
-        "--namespace",
-        help="measure this running pool (default: start one in this process; "
-        "start, replacement and CPU-bound figures need that)",
-    )
+    bench = command(commands, "bench", run_bench, BENCH)
+    bench.add_argument("-n", "--namespace", help=NAMESPACE_HELP)
     bench.add_argument(
         "--workers", type=int, default=8, help="workers of each pool (default 8)"
     )
@@ -46,12 +44,7 @@ def add(commands: Commands) -> None:
         action="store_true",
         help="measure ProcessPoolExecutor and multiprocessing.Pool too",
     )
-    bench.add_argument(
-        "--chart",
-        metavar="PNG",
-        help="also write a bar chart of the ratios (needs --peers and the "
-        "`bench` extra: pip install 'shm-pool[bench]')",
-    )
+    bench.add_argument("--chart", metavar="PNG", help=CHART_HELP)
 
 
 def run_bench(args: argparse.Namespace) -> int:

@@ -31,13 +31,13 @@ def command(
     commands: Commands,
     name: str,
     run: Callable[[argparse.Namespace], int],
-    *,
-    summary: str,
-    description: str,
+    text: str,
 ) -> argparse.ArgumentParser:
-    """The parser of one command, which ``run`` runs."""
+    """The parser of one command, which ``run`` runs; ``text`` is its
+    one-line summary, a blank line, and its description."""
+    summary, _, description = text.strip().partition("\n\n")
     parser: argparse.ArgumentParser = commands.add_parser(
-        name, help=summary, description=description
+        name, help=" ".join(summary.split()), description=" ".join(description.split())
     )
     parser.set_defaults(run=run)
     return parser

@@ -14,23 +14,20 @@ from pool.errors import PoolError
 DOWN_TIMEOUT_S = 60.0
 
 
+DOWN = """drain and stop a running pool
+
+Ask the pool of NAMESPACE to drain and stop (as Ctrl-C on `pool up` does),
+and wait until it has. With no pool running there is nothing to stop: it
+says so and exits 0.
+"""
+
+
 def add(commands: Commands) -> None:
-    down = command(
-        commands,
-        "down",
-        run_down,
-        summary="drain and stop a running pool",
-        description="Ask the pool of NAMESPACE to drain and stop (as Ctrl-C on "
-        "`pool up` does), and wait until it has. With no pool running there is "
-        "nothing to stop: it says so and exits 0.",
-    )
+    down = command(commands, "down", run_down, DOWN)
     add_namespace(down)
+    help = f"how long to wait for it to stop (default {DOWN_TIMEOUT_S:g})"
     down.add_argument(
-        "--timeout-s",
-        type=float,
-        default=DOWN_TIMEOUT_S,
-        metavar="SECONDS",
-        help="how long to wait for it to stop (default 60)",
+        "--timeout-s", type=float, default=DOWN_TIMEOUT_S, metavar="SECONDS", help=help
     )
 
 

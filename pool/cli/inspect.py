@@ -37,69 +37,44 @@ from pool.supervisor.sweep import sweep_temp_dirs
 from pool.supervisor.view import PlainView, describe, line
 from workers.protocol import auth
 
+WORKERS = """list the registered workers (read from shared memory), with
+what the dispatcher has sent each and has queued
+
+List the workers registered in NAMESPACE's shared memory, one line each (a
+table on a terminal): pid, address, status, tasks running and done, and how
+many the dispatcher has sent each; then how many tasks wait in the
+dispatcher.
+"""
+WATCH = """print worker events as they happen (Ctrl-C to stop)
+
+Print each worker-added, worker-updated and worker-dropped event of
+NAMESPACE as it happens, one line each, until Ctrl-C. A namespace with no
+pool yet is waited for.
+"""
+WATCH_TIMEOUT = """stop after this long; exit 1 if no pool showed a worker by
+then (default: until Ctrl-C)"""
+LS = """list this user's pools, and what dead ones left
+
+List every pool in this user's runtime directory: its namespace, owner pid
+(or `dead` for leftovers of a pool that was killed), workers, shared-memory
+segment and runtime directory, so a segment seen in /dev/shm can be traced
+to its pool. Segments of this user that no pool here names are listed too
+(another runtime directory's, or a leak).
+"""
+CLEAN = """remove what dead pools left (segments and files); live pools are
+never touched"""
+
 
 def add(commands: Commands) -> None:
-    _add_workers(commands)
-    _add_watch(commands)
-    _add_ls(commands)
-
-
-def _add_workers(commands: Commands) -> None:
-    workers = command(
-        commands,
-        "workers",
-        run_workers,
-        summary="list the registered workers (read from shared memory), with what "
-        "the dispatcher has sent each and has queued",
-        description="List the workers registered in NAMESPACE's shared memory, "
-        "one line each (a table on a terminal): pid, address, status, tasks "
-        "running and done, and how many the dispatcher has sent each; then "
-        "how many tasks wait in the dispatcher.",
-    )
+    workers = command(commands, "workers", run_workers, WORKERS)
     add_namespace(workers)
     add_remote(workers)
-
-
-def _add_watch(commands: Commands) -> None:
-    watch = command(
-        commands,
-        "watch",
-        run_watch,
-        summary="print worker events as they happen (Ctrl-C to stop)",
-        description="Print each worker-added, worker-updated and worker-dropped "
-        "event of NAMESPACE as it happens, one line each, until Ctrl-C. A "
-        "namespace with no pool yet is waited for.",
-    )
+    watch = command(commands, "watch", run_watch, WATCH)
     add_namespace(watch)
     add_remote(watch, token=False)
-    watch.add_argument(
-        "--timeout-s",
-        type=float,
-        metavar="SECONDS",
-        help="stop after this long; exit 1 if no pool showed a worker by then "
-        "(default: until Ctrl-C)",
-    )
-
-
-def _add_ls(commands: Commands) -> None:
-    ls = command(
-        commands,
-        "ls",
-        run_ls,
-        summary="list this user's pools, and what dead ones left",
-        description="List every pool in this user's runtime directory: its "
-        "namespace, owner pid (or `dead` for leftovers of a pool that was "
-        "killed), workers, shared-memory segment and runtime directory, so a "
-        "segment seen in /dev/shm can be traced to its pool. Segments of this "
-        "user that no pool here names are listed too (another runtime "
-        "directory's, or a leak).",
-    )
-    ls.add_argument(
-        "--clean",
-        action="store_true",
-        help="remove what dead pools left (segments and files); live pools "
-        "are never touched",
-    )
+    watch.add_argument("--timeout-s", type=float, metavar="SECONDS", help=WATCH_TIMEOUT)
+    ls = command(commands, "ls", run_ls, LS)
+    ls.add_argument("--clean", action="store_true", help=CLEAN)
 
 
 def run_workers(args: argparse.Namespace) -> int:

@@ -20,28 +20,23 @@ from pool.client.executor import Client
 from pool.errors import PoolError
 from workers.protocol.errors import BadTask
 
+SUBMIT = """run one task and print its result
+
+Run MODULE:FUNC(ARG, ..., NAME=ARG, ...) in the pool and print the result's
+repr. Each ARG is a Python literal: 42, 'text', [1, 2], {'a': 1}; NAME=ARG
+passes it by keyword (after the positional ones). Exits 1 if the task
+raises, saying what it raised.
+"""
+TIMEOUT_HELP = "fail the task if it runs longer than this (default: no limit)"
+
 
 def add(commands: Commands) -> None:
-    submit = command(
-        commands,
-        "submit",
-        run_submit,
-        summary="run one task and print its result",
-        description="Run MODULE:FUNC(ARG, ..., NAME=ARG, ...) in the pool and print "
-        "the result's repr. Each ARG is a Python literal: 42, 'text', [1, 2], "
-        "{'a': 1}; NAME=ARG passes it by keyword (after the positional ones). "
-        "Exits 1 if the task raises, saying what it raised.",
-    )
+    submit = command(commands, "submit", run_submit, SUBMIT)
     add_namespace(submit)
     add_remote(submit)
     submit.add_argument("function", metavar="MODULE:FUNC")
     submit.add_argument("args", nargs="*", metavar="ARG")
-    submit.add_argument(
-        "--timeout-s",
-        type=float,
-        metavar="SECONDS",
-        help="fail the task if it runs longer than this (default: no limit)",
-    )
+    submit.add_argument("--timeout-s", type=float, metavar="SECONDS", help=TIMEOUT_HELP)
 
 
 def run_submit(args: argparse.Namespace) -> int:

@@ -34,18 +34,16 @@ from workers.settings import SettingError, add_arguments, from_arguments
 TICK_S = 1.0  # how often `up` asks the dispatcher for its queue length
 
 
+UP = """start a pool and show its workers' lifecycle
+
+Start a dispatcher and WORKERS workers in NAMESPACE and show every worker
+added, updated and dropped. Ctrl-C (or SIGTERM, or `pool down`) drains and
+leaves nothing behind; a second Ctrl-C stops at once.
+"""
+
+
 def add(commands: Commands) -> None:
-    up = command(
-        commands,
-        "up",
-        run,
-        summary="start a pool and show its workers' lifecycle",
-        description="Start a dispatcher and WORKERS workers in NAMESPACE and show "
-        "every worker added, updated and dropped. Ctrl-C (or SIGTERM, or "
-        "`pool down`) drains and leaves nothing behind; a second Ctrl-C "
-        "stops at once.",
-    )
-    add_arguments(up, PoolSettings)
+    add_arguments(command(commands, "up", run, UP), PoolSettings)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -11,13 +11,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Callable, Iterable
-from types import ModuleType
-from typing import Any, Self
+from typing import Any, Self, Unpack
 
-from discovery import backends, paths
 from pool.client.connection import Connection
-from pool.client.core import PROBE_WAIT_S, MapPlan, Submissions, outcome
-from pool.client.rendezvous import Locator
+from pool.client.core import PROBE_WAIT_S, ClientOptions, MapPlan, open_options, outcome
 from workers.protocol import codec, shipping
 from workers.protocol.worker_pb2 import Result
 
@@ -36,20 +33,11 @@ class AsyncClient:
     """
 
     def __init__(
-        self,
-        namespace: str = "default",
-        *,
-        tags: Iterable[str] = (),
-        task_timeout_s: float | None = None,
-        ship_modules: Iterable[ModuleType] = (),
-        discovery_url: str | None = None,
-        token_file: str | None = None,
-        tls_ca: str | None = None,
+        self, namespace: str = "default", **options: Unpack[ClientOptions]
     ) -> None:
-        self.namespace = paths.validate_namespace(namespace)
-        url = backends.check_url(discovery_url)
-        self._locator = Locator(namespace, url, token_file, tls_ca)
-        self._submissions = Submissions(tags, task_timeout_s, ship_modules)
+        self.namespace, self._locator, self._submissions = open_options(
+            namespace, options
+        )
         self._connection: Connection | None = None
         self._stack = contextlib.AsyncExitStack()  # holds the connection's group
 

@@ -12,8 +12,10 @@ import itertools
 import pickle
 from collections.abc import Callable, Iterable, Iterator
 from types import ModuleType
-from typing import Any, Final
+from typing import Any, Final, TypedDict
 
+from discovery import backends, paths
+from pool.client.rendezvous import Locator
 from pool.dispatcher_pb2 import Submission
 from workers.protocol import codec, shipping
 from workers.protocol.worker_pb2 import Result, Task
@@ -92,6 +94,39 @@ class Submissions:
             chunk=chunk,
         )
         return Submission(task=task, tags=self._tags), ref.code
+
+
+class ClientOptions(TypedDict, total=False):
+    """What both clients take besides their namespace (see
+    :class:`~pool.client.executor.Client` for each)."""
+
+    tags: Iterable[str]
+    task_timeout_s: float | None
+    ship_modules: Iterable[ModuleType]
+    discovery_url: str | None
+    token_file: str | None
+    tls_ca: str | None
+
+
+def open_options(
+    namespace: str, options: ClientOptions
+) -> tuple[str, Locator, Submissions]:
+    """A client's namespace, how it finds its pool, and how its calls go.
+
+    :raises TypeError: for an option no client takes.
+    :raises ValueError: for a bad namespace or discovery URL.
+    """
+    if unknown := options.keys() - ClientOptions.__annotations__.keys():
+        raise TypeError(f"a client takes no option {', '.join(sorted(unknown))}")
+    namespace = paths.validate_namespace(namespace)
+    url = backends.check_url(options.get("discovery_url"))
+    locator = Locator(namespace, url, options.get("token_file"), options.get("tls_ca"))
+    submissions = Submissions(
+        options.get("tags", ()),
+        options.get("task_timeout_s"),
+        options.get("ship_modules", ()),
+    )
+    return namespace, locator, submissions
 
 
 def _ship(module: ModuleType) -> str:

@@ -24,13 +24,16 @@ import threading
 import time
 import weakref
 from collections.abc import Callable, Iterable, Iterator
-from types import ModuleType
-from typing import Any
+from typing import Any, Unpack
 
-from discovery import backends, paths
-from pool.client.core import PROBE_MAX_S, PROBE_WAIT_S, MapPlan, Submissions
+from pool.client.core import (
+    PROBE_MAX_S,
+    PROBE_WAIT_S,
+    ClientOptions,
+    MapPlan,
+    open_options,
+)
 from pool.client.loop import LoopThread, interpreter_exiting
-from pool.client.rendezvous import Locator
 from workers.protocol import codec, shipping
 
 __all__ = ["Client"]
@@ -65,20 +68,12 @@ class Client(concurrent.futures.Executor):
         self,
         namespace: str = "default",
         *,
-        tags: Iterable[str] = (),
-        task_timeout_s: float | None = None,
-        ship_modules: Iterable[ModuleType] = (),
-        discovery_url: str | None = None,
-        token_file: str | None = None,
-        tls_ca: str | None = None,
         max_pending: int | None = None,
+        **options: Unpack[ClientOptions],
     ) -> None:
         if max_pending is not None and max_pending < 1:
             raise ValueError(f"max_pending must be at least 1, got {max_pending}")
-        self.namespace = paths.validate_namespace(namespace)
-        url = backends.check_url(discovery_url)
-        locator = Locator(namespace, url, token_file, tls_ca)
-        self._submissions = Submissions(tags, task_timeout_s, ship_modules)
+        self.namespace, locator, self._submissions = open_options(namespace, options)
         self._shutdown_lock = threading.Lock()
         self._shutdown = False
         self._runner = LoopThread(locator, max_pending)
