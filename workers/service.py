@@ -63,6 +63,10 @@ _ALL_STUCK: Final = (
 )
 
 
+Requests = AsyncIterator[TaskBatch]
+Context = aio.ServicerContext[TaskBatch, ResultBatch]
+
+
 class WorkerService(worker_pb2_grpc.WorkerServicer):
     """Runs tasks, at most ``concurrency`` plain ones at once.
 
@@ -137,11 +141,7 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
             self._plain.put(None)
         await self._offload.aclose()
 
-    async def Run(
-        self,
-        request_iterator: AsyncIterator[TaskBatch],
-        context: aio.ServicerContext[TaskBatch, ResultBatch],
-    ) -> None:
+    async def Run(self, request_iterator: Requests, context: Context) -> None:
         stream = Stream()
         self._streams.add(stream)
         if self._ending:  # (a dispatcher reconnecting to a worker on its way out)

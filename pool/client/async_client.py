@@ -14,7 +14,14 @@ from collections.abc import AsyncIterator, Callable, Iterable
 from typing import Any, Self, Unpack
 
 from pool.client.connection import Connection
-from pool.client.core import PROBE_WAIT_S, ClientOptions, MapPlan, open_options, outcome
+from pool.client.core import (
+    PROBE_WAIT_S,
+    Args,
+    ClientOptions,
+    MapPlan,
+    open_options,
+    outcome,
+)
 from workers.protocol import codec, shipping
 from workers.protocol.worker_pb2 import Result
 
@@ -67,12 +74,7 @@ class AsyncClient:
         await self.__aexit__(None, None, None)
 
     def _send(
-        self,
-        ref: shipping.Reference,
-        args: tuple[Any, ...],
-        kwargs: Any,
-        *,
-        chunk: bool = False,
+        self, ref: shipping.Reference, args: Args, kwargs: Any, *, chunk: bool = False
     ) -> tuple[int, asyncio.Future[Result]]:
         if self._connection is None:
             raise RuntimeError("use `async with AsyncClient(...)` before submitting")

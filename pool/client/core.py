@@ -43,6 +43,9 @@ def outcome(result: Result) -> Any:
     return pickle.loads(result.value)
 
 
+Args = tuple[Any, ...]  # a call's positional arguments
+
+
 class Submissions:
     """What both clients put on a task: a fresh id, the callable (by name,
     or by value: see :mod:`workers.protocol.shipping`), the pickled call, and the
@@ -74,12 +77,7 @@ class Submissions:
         return shipping.reference(fn, self._ship_modules)
 
     def make(
-        self,
-        ref: shipping.Reference,
-        args: tuple[Any, ...],
-        kwargs: Any,
-        *,
-        chunk: bool = False,
+        self, ref: shipping.Reference, args: Args, kwargs: Any, *, chunk: bool = False
     ) -> tuple[Submission, bytes]:
         """A submission calling ``ref``, and the code to ship with it.
 

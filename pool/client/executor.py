@@ -29,6 +29,7 @@ from typing import Any, Unpack
 from pool.client.core import (
     PROBE_MAX_S,
     PROBE_WAIT_S,
+    Args,
     ClientOptions,
     MapPlan,
     open_options,
@@ -37,6 +38,9 @@ from pool.client.loop import LoopThread, interpreter_exiting
 from workers.protocol import codec, shipping
 
 __all__ = ["Client"]
+
+# How a call names its callable, or what went wrong naming it.
+Ref = shipping.Reference | Exception
 
 
 class Client(concurrent.futures.Executor):
@@ -103,12 +107,7 @@ class Client(concurrent.futures.Executor):
         return self._send(ref, args, kwargs)
 
     def _send(
-        self,
-        ref: shipping.Reference | Exception,
-        args: tuple[Any, ...],
-        kwargs: Any,
-        *,
-        chunk: bool = False,
+        self, ref: Ref, args: Args, kwargs: Any, *, chunk: bool = False
     ) -> concurrent.futures.Future[Any]:
         self._runner.reserve()  # (waits while max_pending futures are pending)
         submitted = False

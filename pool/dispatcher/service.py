@@ -35,6 +35,10 @@ from workers.protocol.worker_pb2 import Result, ResultBatch
 MAX_STREAM_TASKS: Final = 10_000
 
 
+Requests = AsyncIterator[SubmissionBatch]
+Context = aio.ServicerContext[SubmissionBatch, ResultBatch]
+
+
 class ClientStream(Incoming[Job]):
     """One client's SubmitStream: the receiving half of its task stream
     (:class:`~workers.protocol.stream.Incoming`), whose tasks are jobs in
@@ -99,11 +103,7 @@ class DispatcherService(dispatcher_pb2_grpc.DispatcherServicer):
     async def streams_ended(self) -> None:
         await self._no_streams.wait()
 
-    async def SubmitStream(
-        self,
-        request_iterator: AsyncIterator[SubmissionBatch],
-        context: aio.ServicerContext[SubmissionBatch, ResultBatch],
-    ) -> None:
+    async def SubmitStream(self, request_iterator: Requests, context: Context) -> None:
         stream = ClientStream(self._router, self._max_stream_tasks)
         self._streams.add(stream)
         self._no_streams.clear()

@@ -109,7 +109,24 @@ class Process(Protocol):
     def kill(self) -> None: ...
 
 
-class Spawned:
+class ChildProcess:
+    """What both kinds of child share: an exit to wait for, and a kill."""
+
+    pid: int
+    _exit: asyncio.Future[int]
+
+    async def wait(self) -> int:
+        """Wait for the child to exit; its status."""
+        return await asyncio.shield(self._exit)
+
+    def send_signal(self, signum: int) -> None:
+        raise NotImplementedError
+
+    def kill(self) -> None:
+        self.send_signal(signal.SIGKILL)
+
+
+class Spawned(ChildProcess):
     """A child process started by :func:`spawn`; reaped once it exits."""
 
     def __init__(self, popen: subprocess.Popen[bytes]) -> None:
@@ -125,18 +142,11 @@ class Spawned:
         """The exit status once it has been reaped (``-N`` for signal N)."""
         return self._popen.returncode
 
-    async def wait(self) -> int:
-        """Wait for the child to exit; its status."""
-        return await asyncio.shield(self._exit)
-
     def send_signal(self, signum: int) -> None:
         """Send ``signum`` unless the child has been reaped."""
         if self._popen.returncode is None:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(self.pid, signum)
-
-    def kill(self) -> None:
-        self.send_signal(signal.SIGKILL)
 
     def _on_exit(self) -> None:
         self._loop.remove_reader(self._fd)

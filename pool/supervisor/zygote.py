@@ -40,6 +40,7 @@ from typing import Any, Final
 
 import setproctitle
 
+from pool.supervisor.children import ChildProcess
 from pool.supervisor.sweep import use_private_temp_dir
 from workers.settings import to_argv
 
@@ -50,7 +51,7 @@ class ZygoteUnavailable(RuntimeError):
     """The zygote is not running; start the process the slow way."""
 
 
-class Forked:
+class Forked(ChildProcess):
     """A process the zygote forked for us: signalled through a pidfd, and
     its exit status read from the forkserver's sentinel pipe."""
 
@@ -71,18 +72,11 @@ class Forked:
         """The exit status once known (``-N`` for signal N)."""
         return self._returncode
 
-    async def wait(self) -> int:
-        """Wait for the child to exit; its status."""
-        return await asyncio.shield(self._exit)
-
     def send_signal(self, signum: int) -> None:
         """Send ``signum`` unless the child has exited."""
         if self._returncode is None and self._pidfd >= 0:
             with contextlib.suppress(ProcessLookupError):
                 signal.pidfd_send_signal(self._pidfd, signum)
-
-    def kill(self) -> None:
-        self.send_signal(signal.SIGKILL)
 
     def _on_status(self) -> None:
         self._loop.remove_reader(self._sentinel)
