@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import os
 import types
 import typing
@@ -107,9 +108,14 @@ def _number(value: float | None) -> str:
     return str(int(value)) if value is not None and value == int(value) else f"{value}"
 
 
+@functools.cache
+def _hints(cls: type) -> dict[str, Any]:
+    return typing.get_type_hints(cls)
+
+
 def _scalar(cls: type, name: str) -> type:
     """The type a command line gives field ``name`` (int, float or str)."""
-    hint = typing.get_type_hints(cls)[name]
+    hint = _hints(cls)[name]
     options = typing.get_args(hint) if isinstance(hint, types.UnionType) else (hint,)
     for option in options:
         if option in (int, float, str):
@@ -117,34 +123,14 @@ def _scalar(cls: type, name: str) -> type:
     return str
 
 
-def add_arguments(
-    parser: argparse.ArgumentParser,
-    cls: type,
-    *,
-    only: Sequence[str] | None = None,
-    skip: Sequence[str] = (),
-) -> None:
-    """Add the flags of ``cls``'s settings (or of ``only`` those) to ``parser``."""
+def add_arguments(parser: argparse.ArgumentParser, cls: type) -> None:
+    """Add the flags of ``cls``'s settings to ``parser``."""
     for field, spec in _specs(cls):
-        if spec.flag is None or field.name in skip:
-            continue
-        if only is not None and field.name not in only:
+        if spec.flag is None:
             continue
         flags = [f for f in (spec.short, _flag(field, spec)) if f]
-        text = spec.help
-        shown = spec.shown_default
-        if shown is None and not (
-            spec.default is None or isinstance(spec.default, bool)
-        ):
-            shown = (
-                None
-                if spec.default in ((), "")
-                else f"{spec.default:g}"
-                if isinstance(spec.default, float)
-                else f"{spec.default}"
-            )
-        if shown:
-            text += f" (default: {shown})"
+        shown = _shown_default(spec)
+        text = f"{spec.help} (default: {shown})" if shown else spec.help
         options: dict[str, Any] = {"dest": field.name, "help": text}
         if spec.form == "switch":
             options["action"] = "store_false" if spec.default else "store_true"
@@ -159,6 +145,16 @@ def add_arguments(
             if spec.form != "csv":
                 options["type"] = kind
         parser.add_argument(*flags, **options)
+
+
+def _shown_default(spec: Spec) -> str | None:
+    """The default as ``--help`` says it, if it says one."""
+    default = spec.default
+    if spec.shown_default is not None:
+        return spec.shown_default
+    if default is None or isinstance(default, bool) or default in ((), ""):
+        return None
+    return f"{default:g}" if isinstance(default, float) else str(default)
 
 
 def _metavar(name: str, kind: type) -> str:
