@@ -52,7 +52,7 @@ class DispatcherServicer:
 
     def SubmitStream(self, request_iterator, context):
         """One stream per client: batches of submissions and cancels in; results,
-        and the ids of tasks a worker has taken ("accepted"), out. When the
+        and the ids of tasks a worker has started ("started"), out. When the
         stream has too many tasks in the dispatcher, the dispatcher stops
         reading it until some finish (gRPC flow control holds the client).
         """

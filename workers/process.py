@@ -4,21 +4,19 @@ Starts a grpc.aio server on uvloop (a unix socket in the namespace's
 private directory, or ``HOST:0`` with ``--host``), publishes itself as
 ``worker-added``, writes one ``READY {json}`` line (to ``--ready-fd``) for whoever
 started it, and serves until SIGTERM, SIGINT or the death of the process
-``--parent-fd`` names. Its ``capacity`` (what the dispatcher may send it at
-once) is ``free threads x prefetch``, eight times that while tasks run
-under a millisecond and one past the free threads while they run 5 ms or
-more: tasks past the running ones wait in the worker; a thread held by a
-task that timed out or was cancelled is not
-free (see :mod:`workers.service`), and with none free the status is
-``"stuck"``. Then it drains: ``worker-updated`` with ``status="draining"``,
-refuses new tasks, finishes what it has within ``--grace-s``, publishes
+``--parent-fd`` names. Its ``capacity`` is its slot threads not held by a
+task that timed out (see :mod:`workers.service`): what it runs at once.
+The dispatcher sends it tasks ahead of that only to hide a round trip. With
+no thread free the status is ``"stuck"``.
+
+Then it drains: ``worker-updated`` with ``status="draining"``, refuses new
+tasks, finishes what it has within ``--grace-s``, publishes
 ``worker-dropped`` and exits 0. A change of status or capacity is published
 at once; counters (tasks running, stuck, done, failed, and how long the
-last one ran) travel in
-``WorkerInfo.extra``, at most once a second. Its background work (the
-reporter, each stream's tasks) runs in task groups: an error in any ends the
-process with the error logged and exit status 1, and its supervisor starts
-another.
+last one ran) travel in ``WorkerInfo.extra``, at most once a second. Its
+background work (the reporter, each stream's tasks) runs in task groups:
+an error in any ends the process with the error logged and exit status 1,
+and its supervisor starts another.
 """
 
 from __future__ import annotations
@@ -47,10 +45,6 @@ from workers.settings import WorkerSettings, parse
 log = logging.getLogger("workers")
 
 REPORT_INTERVAL_S: Final = 1.0
-# While tasks run under a millisecond (workers.service), a worker takes this
-# many times more: the tasks of a message, and so the messages per task,
-# are what a no-op task costs.
-SHORT_PREFETCH: Final = 8
 
 
 DESCRIPTION: Final = (
@@ -131,9 +125,9 @@ async def _serve(config: WorkerSettings, stopper: serving.Stopper) -> None:
                 **_counters(service),
                 **({serving.TLS_KEY: "1"} if config.tls else {}),
             },
-            capacity=config.concurrency * config.prefetch,
+            capacity=config.concurrency,
         )
-        reporter = _Reporter(service, info, config.prefetch, changed)
+        reporter = _Reporter(service, info, changed)
         await _registered(config, reporter, stopper, health_service)
     finally:
         await server.stop(1.0)
@@ -178,17 +172,13 @@ async def _drain(service: WorkerService, grace_s: float) -> None:
 
 
 class _Reporter:
-    """Publishes what changes about the worker: its status and capacity at
-    once, its counters at most once a second."""
+    """Publishes what changes about the worker: its status and capacity (its
+    free threads) at once, its counters at most once a second."""
 
     def __init__(
-        self,
-        service: WorkerService,
-        info: WorkerInfo,
-        prefetch: int,
-        changed: asyncio.Event,
+        self, service: WorkerService, info: WorkerInfo, changed: asyncio.Event
     ) -> None:
-        self.service, self.info, self._prefetch = service, info, prefetch
+        self.service, self.info = service, info
         self._changed = changed
 
     def current(self) -> WorkerInfo:
@@ -201,20 +191,8 @@ class _Reporter:
         return dataclasses.replace(
             self.info,
             status=status,
-            capacity=self._capacity(),
+            capacity=max(1, service.free_threads),
             extra={**self.info.extra, **_counters(service)},
-        )
-
-    def _capacity(self) -> int:
-        """Tasks the dispatcher may send: ``prefetch`` per free thread, eight
-        times as many while tasks are short (each message then carries
-        many), and one past the free threads while they are long."""
-        free = self.service.free_threads
-        pace = self.service.pace.pace
-        if pace == "long":
-            return max(1, free + 1)
-        return max(
-            1, free * self._prefetch * (SHORT_PREFETCH if pace == "short" else 1)
         )
 
     async def run(self, publisher: backends.AnyPublisher) -> None:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Final, Literal
+from typing import Any, Final
 
 from workers.protocol import codec
 from workers.protocol.errors import BadTask
@@ -22,21 +22,21 @@ from workers.protocol.worker_pb2 import Failure, Result, Task
 MAX_STREAM_TASKS: Final = 4096
 
 
-Pace = Literal["short", "unknown", "long"]
-SHORT_TASK_S: Final = 0.001
-LONG_TASK_S: Final = 0.005
 PACE_WEIGHT: Final = 0.25
 
 
 class Stream(Incoming["Entry"]):
     """One Run call: the receiving half of its task stream
-    (:class:`~workers.protocol.stream.Incoming`), the tasks accepted and not
-    yet started, and the task group of its coroutine tasks and imports."""
+    (:class:`~workers.protocol.stream.Incoming`), the tasks started whose
+    start is not written yet, the callables being found, and the task group
+    of its coroutine tasks and imports."""
 
     def __init__(self) -> None:
         super().__init__(MAX_STREAM_TASKS)
-        self.starting: list[Entry] = []  # accepted, the acceptance not written
+        self.starting: list[Entry] = []  # started, the start not written
         self.group: asyncio.TaskGroup | None = None
+        # Callables being found (by name and digest), and the tasks waiting.
+        self.finding: dict[tuple[str, bytes], list[Entry]] = {}
 
     def take_starting(self) -> list[Entry]:
         starting, self.starting = self.starting, []
@@ -45,7 +45,8 @@ class Stream(Incoming["Entry"]):
 
 @dataclass(eq=False, slots=True)
 class Entry:
-    """A task this worker has accepted and not yet answered."""
+    """A task this worker has taken and not yet answered: held (it may be
+    withdrawn), then started (it will run)."""
 
     task: Task
     stream: Stream
@@ -53,6 +54,9 @@ class Entry:
     fn: Callable[..., Any] | None = None  # what it calls, once found
     job: asyncio.Task[None] | None = None  # a coroutine function's run
     timer: asyncio.TimerHandle | None = None
+    started: bool = False  # given a slot: no withdrawal from now on
+    slot: bool = False  # counts against the slot threads (see WorkerService)
+    coroutine: bool = False  # runs on the loop (cancellable while it runs)
     plain: bool = False  # handed to the slot threads
     running: bool = False  # a slot thread has it (under the claim lock)
     answered: bool = False  # (plain tasks: set under the claim lock)
@@ -82,24 +86,25 @@ def failed(task_id: int, failure: Failure) -> Result:
 
 class PaceMeter:
     """How fast plain tasks have been running: a moving average, each task
-    weighing :data:`PACE_WEIGHT`, which sets how many tasks the worker takes
-    at once (:mod:`workers.process`): many while they are short, one past its
-    free threads while they are long, so that no task waits behind a long
-    one while another worker is free."""
+    weighing :data:`PACE_WEIGHT`. The worker reports it with its results
+    (``ResultBatch.pace_us``), and the dispatcher sends it ahead of its free
+    slots only what hides a round trip at that pace."""
 
     def __init__(self) -> None:
         self.last_s = 0.0  # how long the last plain task ran
-        self._typical_s = 0.0
-        self.pace: Pace = "unknown"
+        self.typical_s = 0.0  # 0 until a task has run
 
-    def note(self, elapsed_s: float) -> bool:
-        """Note one task's run; whether the pace changed."""
+    def note(self, elapsed_s: float) -> None:
+        """Note one task's run."""
         self.last_s = elapsed_s
-        self._typical_s += (elapsed_s - self._typical_s) * PACE_WEIGHT
-        pace: Pace = "unknown"
-        if self._typical_s < SHORT_TASK_S:
-            pace = "short"
-        elif self._typical_s >= LONG_TASK_S:
-            pace = "long"
-        changed, self.pace = pace != self.pace, pace
-        return changed
+        if self.typical_s == 0.0:
+            self.typical_s = elapsed_s
+        else:
+            self.typical_s += (elapsed_s - self.typical_s) * PACE_WEIGHT
+
+    @property
+    def typical_us(self) -> int:
+        """The moving average in whole microseconds, at least 1 once known."""
+        if self.typical_s == 0.0:
+            return 0
+        return max(1, min(int(self.typical_s * 1e6), 2**32 - 1))

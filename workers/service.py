@@ -4,25 +4,34 @@ One :class:`WorkerService` per worker process; each ``Run`` call is one
 dispatcher connection, a stream of task batches in and result batches out.
 A task's life here::
 
-    read ──> accepted (id written back to the dispatcher) ──> started
-         ──> answered (exactly once: result, failure, cancel, timeout)
+    read ──> held ──> started (id written back to the dispatcher) ──> run
+         ──> answered (exactly once: result, failure, withdrawal, timeout)
 
-A task starts only once the write that says it was accepted has gone out,
-so the dispatcher counts an attempt against a task only if this worker had
-it (a worker that dies under a task the dispatcher never heard of leaves
-that task's attempts untouched).
+A task is *held* until a slot thread is free for it, in the order tasks
+came, whichever stream brought them: the dispatcher sends a worker only
+what hides one round trip ahead of its slots (its pace travels back with
+its results). A held task is still the dispatcher's: a cancel withdraws it
+(answered CANCELLED), which is how the dispatcher both cancels it and moves
+it to a worker that is free. Once a slot is free the loop *starts* it: from
+then on a cancel leaves it to run (a coroutine excepted, which is
+cancelled). Both are decided on the loop, so each task is exactly one of
+withdrawn or started. A started task runs only once the write that says so
+has gone out, so the dispatcher counts an attempt against a task only if
+it started here (a worker that dies under a task the dispatcher never
+heard of leaves that task's attempts untouched), and its client's future
+turns RUNNING.
 
 Each stream owns an :class:`asyncio.TaskGroup`: its reader, its coroutine
 tasks and the imports it waits for. When the caller hangs up, the group is
 cancelled, and with it every coroutine task of the stream. Plain functions
 go to ``concurrency`` slot threads (no asyncio future per task: a no-op
 costs tens of microseconds). A thread cannot be interrupted: a plain task
-cancelled or timed out while running is answered at once, but its thread
-stays busy until the call returns, and counts as *stuck*. The worker's
-advertised capacity shrinks with each stuck thread; with every thread
-stuck its status is ``"stuck"``, it hands back the plain tasks waiting for
-a thread (UNAVAILABLE: the dispatcher sends them elsewhere) and the
-supervisor replaces it after a grace period.
+timed out while running is answered at once, but its thread stays busy
+until the call returns, and counts as *stuck*. The worker's advertised
+capacity shrinks with each stuck thread; with every thread stuck its
+status is ``"stuck"``, it hands back the plain tasks waiting for a thread
+(UNAVAILABLE: the dispatcher sends them elsewhere) and the supervisor
+replaces it after a grace period.
 
 Importing a task's module (the first time it is named, or again when
 ``--reload`` sees it changed), unpickling a function shipped by value (the
@@ -42,6 +51,7 @@ import inspect
 import queue
 import threading
 import time
+from collections import deque
 from collections.abc import AsyncIterator, Callable
 from typing import Any, Final
 
@@ -97,7 +107,7 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
         self._offload = Offload("offload")  # imports, large arguments
         # Plain tasks that ended, waiting for the loop: it takes them all in
         # one callback, so a busy loop is woken once for many.
-        self._ended: list[tuple[Entry, Result, float]] = []
+        self._ended: list[tuple[Entry, Result | None, float]] = []
         self._slots = [
             threading.Thread(target=self._slot, name=f"task-{i}", daemon=True)
             for i in range(concurrency)
@@ -105,14 +115,16 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
         for slot in self._slots:
             slot.start()
         self._streams: set[Stream] = set()
+        self._held: deque[Entry] = deque()  # taken, not started, in order
+        self._occupied = 0  # started tasks that hold (or will) a slot thread
         self._idle = asyncio.Event()
         self._idle.set()
         self.draining = False
         self._ending = False  # end_streams was called
-        self.running = 0  # tasks accepted and not answered
+        self.running = 0  # tasks taken and not answered
         self.stuck = 0  # slot threads still running a task already answered
-        # Set whenever ``stuck`` or ``pace`` changes: the worker's capacity
-        # follows them, and is published at once.
+        # Set whenever ``stuck`` changes: the worker's capacity follows it,
+        # and is published at once.
         self.stuck_changed = asyncio.Event()
         self.done = 0
         self.failed = 0
@@ -124,7 +136,7 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
         return self.concurrency - self.stuck
 
     async def wait_idle(self) -> None:
-        """Return once every accepted task is answered."""
+        """Return once every task taken is answered."""
         await self._idle.wait()
 
     def end_streams(self) -> None:
@@ -149,6 +161,8 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
 
         async def write(batch: ResultBatch) -> None:
             starting = stream.take_starting()  # exactly this batch's
+            if batch.results:
+                batch.pace_us = self.pace.typical_us
             await context.write(batch)
             for entry in starting:
                 self._begin(entry)
@@ -163,6 +177,8 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
             self._streams.discard(stream)
             for entry in list(stream.entries.values()):  # nobody to answer now
                 self._answer(entry, None)
+            for entry in stream.take_starting():  # their start was never written
+                self._free_slot(entry)
 
     async def _read(self, requests: AsyncIterator[TaskBatch], stream: Stream) -> None:
         async for batch in requests:
@@ -171,10 +187,11 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
             for task_id in batch.cancel:  # after the tasks: a batch may hold both
                 if (entry := stream.entries.get(task_id)) is not None:
                     self._cancel(entry)
+            self._start_held()
             await stream.wait_for_room()
         stream.end_of_input()  # the dispatcher closed its side: finish, then end
 
-    # -- accepting and starting ------------------------------------------------
+    # -- taking, holding and starting -------------------------------------------
 
     @property
     def takes_tasks(self) -> bool:
@@ -199,29 +216,78 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
         stream.entries[task.id] = entry
         self.running += 1
         self._idle.clear()
-        stream.outbox.accept(task.id)
-        stream.starting.append(entry)
+        if (fn := imports.found(task)) is None:
+            self._find(entry)
+        else:
+            _found(entry, fn)
+        self._held.append(entry)
         self._on_change()
 
-    def _begin(self, entry: Entry) -> None:
-        """Start a task whose acceptance has been written."""
-        if entry.answered:
-            return  # cancelled before it started
-        fn = imports.found(entry.task)
-        if fn is not None:
-            self._launch(entry, fn)
+    def _find(self, entry: Entry) -> None:
+        """Find a held task's callable in a thread (an import may take long,
+        and other tasks start meanwhile), once for all the stream's tasks
+        that name it."""
+        stream, task = entry.stream, entry.task
+        key = (task.function, task.digest)
+        if (waiting := stream.finding.get(key)) is not None:
+            waiting.append(entry)
             return
-        assert entry.stream.group is not None
-        entry.job = entry.stream.group.create_task(self._find_and_launch(entry))
+        stream.finding[key] = [entry]
+        assert stream.group is not None
+        stream.group.create_task(self._find_for(stream, key, task, entry.code))
 
-    async def _find_and_launch(self, entry: Entry) -> None:
+    async def _find_for(
+        self, stream: Stream, key: tuple[str, bytes], task: Task, code: bytes
+    ) -> None:
         try:
-            fn = await self._offload.run(imports.find, entry.task, entry.code)
+            fn = await self._offload.run(imports.find, task, code)
         except BadTask as exc:
-            self._answer(entry, failed(entry.task.id, codec.failure_of(exc)))
+            for entry in stream.finding.pop(key):
+                self._answer(entry, failed(entry.task.id, codec.failure_of(exc)))
             return
-        if not entry.answered:
-            self._launch(entry, fn)
+        for entry in stream.finding.pop(key):
+            _found(entry, fn)
+        self._start_held()
+
+    def _start_held(self) -> None:
+        """Start held tasks whose callable is found, in order, while a slot
+        thread is free for each (a coroutine needs none); their start goes
+        out with the next write."""
+        held = self._held
+        unfound: list[Entry] = []  # keep their places
+        while held:
+            entry = held[0]
+            if entry.answered:  # withdrawn, or its stream ended
+                held.popleft()
+                continue
+            if entry.fn is None:
+                unfound.append(held.popleft())
+                continue
+            if not entry.coroutine:
+                if self._occupied >= self.concurrency:
+                    break
+                self._occupied += 1
+                entry.slot = True
+            held.popleft()
+            entry.started = True
+            entry.stream.outbox.start(entry.task.id)
+            entry.stream.starting.append(entry)
+        held.extendleft(reversed(unfound))
+
+    def _free_slot(self, entry: Entry) -> None:
+        """``entry`` holds its slot thread no more: start the next held task."""
+        if entry.slot:
+            entry.slot = False
+            self._occupied -= 1
+            self._start_held()
+
+    def _begin(self, entry: Entry) -> None:
+        """Run a task whose start has been written."""
+        if entry.answered:
+            self._free_slot(entry)  # its stream ended meanwhile
+        else:
+            assert entry.fn is not None, "started before its callable was found"
+            self._launch(entry, entry.fn)
 
     def _launch(self, entry: Entry, fn: Callable[..., Any]) -> None:
         task = entry.task
@@ -230,11 +296,12 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
         entry.fn, entry.code = fn, b""
         if task.timeout_s > 0:
             entry.timer = self._loop.call_later(task.timeout_s, self._time_out, entry)
-        if inspect.iscoroutinefunction(fn):
+        if entry.coroutine:
             assert entry.stream.group is not None
             entry.job = entry.stream.group.create_task(self._run_coroutine(entry, fn))
         elif self.free_threads == 0:  # every thread is stuck: let another worker
             self._answer(entry, failed(task.id, codec.rejected(_ALL_STUCK)))
+            self._free_slot(entry)
         else:
             entry.plain = True
             self._plain.put(entry)
@@ -261,13 +328,16 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
     def _slot(self) -> None:
         """A slot thread: run plain tasks one after another."""
         while (entry := self._plain.get()) is not None:
+            result: Result | None = None
+            elapsed = 0.0
             with self._claim:
-                if entry.answered:
-                    continue  # cancelled, timed out or handed back before it ran
-                entry.running = True
-            started = time.perf_counter()
-            result = run_plain(entry, self._max_args_bytes)
-            elapsed = time.perf_counter() - started
+                # (Answered before it ran: timed out, handed back, or its
+                # stream ended. The loop still hears of it, to free its slot.)
+                entry.running = not entry.answered
+            if entry.running:
+                started = time.perf_counter()
+                result = run_plain(entry, self._max_args_bytes)
+                elapsed = time.perf_counter() - started
             with self._claim:
                 entry.running = False
                 first = not self._ended
@@ -281,10 +351,15 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
             ended, self._ended = self._ended, []
         for entry, result, elapsed in ended:
             self._plain_done(entry, result, elapsed)
+        self._start_held()
 
-    def _plain_done(self, entry: Entry, result: Result, elapsed: float) -> None:
-        if self.pace.note(elapsed):
-            self.stuck_changed.set()
+    def _plain_done(self, entry: Entry, result: Result | None, elapsed: float) -> None:
+        if entry.slot:  # (the caller starts the next held tasks, once for all)
+            entry.slot = False
+            self._occupied -= 1
+        if result is None:
+            return  # it never ran
+        self.pace.note(elapsed)
         if entry.stuck:  # its answer went long ago; the thread is free again
             entry.stuck = False
             self.stuck -= 1
@@ -296,6 +371,10 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
     # -- ending early ----------------------------------------------------------
 
     def _cancel(self, entry: Entry) -> None:
+        """Withdraw a held task; cancel a running coroutine; a started plain
+        task runs on (its start was, or is being, reported)."""
+        if entry.started and not entry.coroutine:
+            return
         if entry.job is not None:
             entry.job.cancel()
         self._answer(entry, failed(entry.task.id, codec.cancelled()))
@@ -307,10 +386,10 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
         self._answer(entry, failed(entry.task.id, codec.failure_of(timeout)))
 
     def _hand_back(self) -> None:
-        """Every thread is stuck: plain tasks waiting for one go elsewhere."""
+        """Every thread is stuck: tasks waiting for one go elsewhere."""
         for stream in self._streams:
             for entry in list(stream.entries.values()):
-                if entry.plain and not entry.running:
+                if not entry.coroutine and not entry.running:
                     failure = codec.rejected(_ALL_STUCK)
                     self._answer(entry, failed(entry.task.id, failure))
 
@@ -340,3 +419,9 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
             if self.free_threads == 0:
                 self._hand_back()
         self._on_change()
+
+
+def _found(entry: Entry, fn: Callable[..., Any]) -> None:
+    """A held task's callable is known: so is whether it needs a slot."""
+    entry.fn = fn
+    entry.coroutine = not entry.task.chunk and inspect.iscoroutinefunction(fn)

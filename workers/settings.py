@@ -342,15 +342,6 @@ class WorkerSettings:
     concurrency: int = CONCURRENCY.field(
         help="tasks run at once: threads for plain functions"
     )
-    # Like Celery's worker_prefetch_multiplier: one task message per task caps
-    # a pool near 3,000 tasks/s here; taking a few per slot lets each message
-    # carry several and hides the dispatcher's round trip.
-    prefetch: int = Spec(
-        4,
-        "tasks taken per free slot, so the next is here when one ends: the "
-        "worker's capacity is concurrency x prefetch",
-        low=1,
-    ).field()
     tags: tuple[str, ...] = TAGS.field()
     grace_s: float = GRACE_S.field()
     max_args_bytes: int = MAX_ARGS_BYTES_SPEC.field()

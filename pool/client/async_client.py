@@ -138,7 +138,7 @@ async def _time_per_call_async(answers: list[asyncio.Future[Result]]) -> float |
     """:func:`pool.client.executor._time_per_call` for :class:`AsyncClient`."""
     if not answers:
         return None
-    # (An asyncio client does not hear when a task is taken: it waits longer.)
+    # (An asyncio client does not hear when a task starts: it waits longer.)
     done, _ = await asyncio.wait(
         answers, timeout=4 * PROBE_WAIT_S, return_when=asyncio.FIRST_COMPLETED
     )
@@ -157,7 +157,7 @@ class _AsyncHandler:
     def __init__(self, answer: asyncio.Future[Result]) -> None:
         self._answer = answer
 
-    def accepted(self) -> None:
+    def started(self) -> None:
         pass
 
     def resolve(self, result: Result) -> None:

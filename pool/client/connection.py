@@ -2,8 +2,8 @@
 
 :class:`Ledger` is the bookkeeping, with no I/O: the tasks sent and not
 answered, what is still to be written (submissions and cancels), and what
-each answer means for its :class:`Handler` (``accepted``: a worker took the
-task; ``resolve``: its result). :class:`Connection` runs it over one
+each answer means for its :class:`Handler` (``started``: a worker started
+the task; ``resolve``: its result). :class:`Connection` runs it over one
 ``SubmitStream`` at a time, on the loop that made it, in :meth:`run`: a
 task group of a sender (everything outgoing in one message, as soon as the
 previous write is done) and the reader of answers.
@@ -45,8 +45,8 @@ RECONNECT_FIRST_S: Final = 0.05
 class Handler(Protocol):
     """The caller's side of one task."""
 
-    def accepted(self) -> None:
-        """A worker has taken the task (called at most once per send)."""
+    def started(self) -> None:
+        """A worker has started the task (called at most once per send)."""
 
     def resolve(self, result: Result) -> None:
         """The task's result, or its failure (called once)."""
@@ -94,9 +94,9 @@ class Ledger:
             yield SubmissionBatch(submissions=submissions, cancel=cancels)
 
     def on_batch(self, batch: ResultBatch) -> None:
-        for task_id in batch.accepted:
+        for task_id in batch.started:
             if (entry := self._pending.get(task_id)) is not None:
-                entry[1].accepted()
+                entry[1].started()
         for result in batch.results:
             if (entry := self._pending.pop(result.id, None)) is not None:
                 self._cancelled.discard(result.id)

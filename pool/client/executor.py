@@ -4,8 +4,9 @@
 ``ProcessPoolExecutor`` wherever ``concurrent.futures`` defines the
 behaviour. Its connection runs on a loop of its own
 (:class:`~pool.client.loop.LoopThread`). A future is PENDING, and
-cancellable, until a worker has taken its task; then RUNNING.
-A cancel reaches the dispatcher's queue. ``shutdown(wait=False)`` lets
+cancellable, until a worker has started its task; then RUNNING.
+A cancel reaches the dispatcher's queue, or the worker that holds the
+task unstarted. ``shutdown(wait=False)`` lets
 pending futures finish; at interpreter exit, every client's pending
 futures are waited for, as the standard executors do.
 
@@ -175,7 +176,7 @@ class Client(concurrent.futures.Executor):
 
     def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
         """Accept no more tasks; with ``cancel_futures``, cancel those no
-        worker has taken; with ``wait``, return once every future is done and
+        worker has started; with ``wait``, return once every future is done and
         the client's thread has ended (else it ends once they are done)."""
         with self._shutdown_lock:
             self._shutdown = True

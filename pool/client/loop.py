@@ -61,7 +61,7 @@ threading._register_atexit(_python_exit)  # type: ignore[attr-defined]
 
 class FutureHandler:
     """Drives one :class:`concurrent.futures.Future` from its task's answers,
-    on the client's loop: RUNNING once a worker took it, then its result.
+    on the client's loop: RUNNING once a worker started it, then its result.
     A cancelled future is told to its waiters once (see
     ``Future.set_running_or_notify_cancel``)."""
 
@@ -71,14 +71,14 @@ class FutureHandler:
         self._future = future
         self._notified = False  # set_running_or_notify_cancel was called
 
-    def accepted(self) -> None:
+    def started(self) -> None:
         if not self._notified:
             self._notified = True
             self._future.set_running_or_notify_cancel()
 
     def cancelled(self) -> None:
         """The future was cancelled: wake those who wait on it."""
-        self.accepted()  # returns False and notifies, the future being cancelled
+        self.started()  # returns False and notifies, the future being cancelled
 
     def resolve(self, result: Result) -> None:
         future = self._future
@@ -220,7 +220,7 @@ class LoopThread:
         handler.cancelled()
 
     def cancel_pending(self) -> None:
-        """Cancel every future not yet taken by a worker (any thread)."""
+        """Cancel every future no worker has started (any thread)."""
         with self._lock:
             futures = list(self.outstanding)
         for future in futures:

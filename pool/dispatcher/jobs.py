@@ -9,16 +9,18 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Literal, Protocol
 
 from discovery import WorkerInfo
 from workers.protocol.worker_pb2 import Result, Task
+
+Withdrawal = Literal["cancel", "requeue"]
 
 
 class Owner(Protocol):
     """Whoever submitted a job (a client stream) and hears of its fate."""
 
-    def on_accepted(self, job: Job) -> None: ...
+    def on_started(self, job: Job) -> None: ...
     def on_result(self, job: Job, result: Result) -> None: ...
 
 
@@ -28,8 +30,8 @@ class LinkEvents(Protocol):
     def on_connected(self, link: Link) -> None:
         """The stream reached the worker: it may be sent tasks."""
 
-    def on_accepted(self, link: Link, task_ids: Iterable[int]) -> None:
-        """The worker took these tasks (before it started any of them)."""
+    def on_started(self, link: Link, task_ids: Iterable[int]) -> None:
+        """The worker started these tasks (before any of them ran)."""
 
     def on_results(self, link: Link, results: Iterable[Result]) -> None:
         """One message's results from the worker."""
@@ -46,7 +48,14 @@ class Link(Protocol):
     @property
     def ready(self) -> bool: ...
     @property
-    def free(self) -> int: ...
+    def slots(self) -> int:
+        """Tasks its worker runs at once."""
+
+    @property
+    def free(self) -> int:
+        """Tasks it may still be sent: its slots, and what hides a round
+        trip ahead of them, less what it holds."""
+
     def send(self, job: Job) -> None: ...
     def withdraw(self, job: Job) -> bool: ...
     def cancel(self, task_id: int) -> None: ...
@@ -63,19 +72,23 @@ class Job:
     owner: Owner
     client_id: int
     code: bytes = b""  # its function's pickle, if it ships one (see shipping)
-    attempts: int = 0  # workers lost after they had taken it
-    untaken_losses: int = 0  # workers lost before they took it
+    attempts: int = 0  # workers lost after it had started there
+    untaken_losses: int = 0  # workers lost before it started there
     lost_on: list[WorkerInfo] = field(default_factory=list)
     unplaceable_since: float | None = None
     link: Link | None = None
-    taken: bool = False  # its current link's worker took it
+    started: bool = False  # its current link's worker started it
+    # Why its worker was asked to withdraw it, if it was: "cancel" (its
+    # client's), or "requeue" (for a worker that is free).
+    withdrawing: Withdrawal | None = None
+    sent_at: float = 0.0  # when it was written to its current link
     finished: bool = False  # answered (or cancelled while queued)
 
     def lost(self, info: WorkerInfo) -> bool:
-        """Its worker (``info``) was lost: an attempt if that worker had
-        taken it (it may have run there), else a loss untaken. Whether it
-        had been taken."""
-        taken, self.taken = self.taken, False
+        """Its worker (``info``) was lost: an attempt if it had started there
+        (it may have run), else a loss untaken. Whether it had started."""
+        self.withdrawing = None
+        taken, self.started = self.started, False
         if taken:
             self.attempts += 1
             self.lost_on.append(info)

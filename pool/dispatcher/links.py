@@ -6,16 +6,27 @@ tasks it is given (and cancels), many per message, through the sending
 half of the stream (:class:`~workers.protocol.stream.Outgoing`), and the
 caller of ``run`` reading the worker's batches back. It reports what it
 hears through :class:`~pool.dispatcher.jobs.LinkEvents` (connected, tasks
-taken, results) and holds nothing of the router, which decides: ``run``
+started, results) and holds nothing of the router, which decides: ``run``
 returns when the stream ends, however it ends, and the router then
 requeues what the worker did not answer. Created and run by
 :class:`pool.dispatcher.placement.Router`.
+
+How much a worker is sent ahead of its slots (:attr:`WorkerLink.free`):
+what keeps each slot busy through one round trip, at the pace its worker
+reports with its results: one a slot for tasks as long as a round trip or
+longer (``ProcessPoolExecutor`` holds ``max_workers + 1`` in its call
+queue), up to :data:`MAX_AHEAD_PER_SLOT` for tasks far shorter. The round
+trip is measured here, from a task's write to the report of its start: a
+slowly decaying minimum, since a task that waited for a slot reports late.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import math
+import time
+from typing import Final
 
 import grpc
 from grpc import aio
@@ -29,6 +40,10 @@ from workers.protocol.worker_pb2_grpc import WorkerStub
 from workers.serving import GRPC_OPTIONS, TLS_KEY
 
 log = logging.getLogger("pool.dispatcher")
+
+MAX_AHEAD_PER_SLOT: Final = 32
+FIRST_RTT_S: Final = 0.0005  # the round trip, until one is measured
+RTT_DECAY: Final = 0.01  # how fast the measured minimum forgets
 
 
 class WorkerLink:
@@ -45,6 +60,8 @@ class WorkerLink:
         self.in_flight: dict[int, Job] = {}
         self.done = 0
         self.dropped = False
+        self.pace_s = 0.0  # how long its tasks run (0: not known yet)
+        self.rtt_s = FIRST_RTT_S
         self._connected = False  # the stream reached the worker
         self._ended = False
         self._events = events
@@ -66,9 +83,15 @@ class WorkerLink:
         return connect
 
     @property
+    def slots(self) -> int:
+        return self.info.capacity
+
+    @property
     def free(self) -> int:
-        """Tasks it may still take."""
-        return self.info.capacity - len(self.in_flight)
+        ahead = 1
+        if self.pace_s > 0:
+            ahead = min(MAX_AHEAD_PER_SLOT, math.ceil(self.rtt_s / self.pace_s))
+        return self.info.capacity * (1 + ahead) - len(self.in_flight)
 
     @property
     def ready(self) -> bool:
@@ -85,7 +108,8 @@ class WorkerLink:
 
     def send(self, job: Job) -> None:
         job.link = self
-        job.taken = False
+        job.started = False
+        job.withdrawing = None
         job.task.attempt = job.attempts + 1
         self.in_flight[job.task.id] = job
         self._outgoing.add(job, job.code)
@@ -133,6 +157,9 @@ class WorkerLink:
         self._events.on_connected(self)
 
         async def write(jobs: list[Job], cancels: list[int]) -> bool:
+            now = time.monotonic()
+            for job in jobs:
+                job.sent_at = now
             try:
                 await call.write(
                     TaskBatch(tasks=[j.task for j in jobs], cancel=cancels)
@@ -149,12 +176,25 @@ class WorkerLink:
         events = self._events
         try:
             async for batch in call:
-                if batch.accepted:
-                    events.on_accepted(self, batch.accepted)
+                if batch.started:
+                    self._time_round_trip(batch.started[0])
+                    events.on_started(self, batch.started)
                 if batch.results:
+                    if batch.pace_us:
+                        self.pace_s = batch.pace_us * 1e-6
                     events.on_results(self, batch.results)
         except aio.AioRpcError as exc:
             self._report(exc)
+
+    def _time_round_trip(self, task_id: int) -> None:
+        """One sample (a message's first start) of the round trip."""
+        if (job := self.in_flight.get(task_id)) is None or not job.sent_at:
+            return
+        sample = time.monotonic() - job.sent_at
+        if sample < self.rtt_s:
+            self.rtt_s = sample
+        else:
+            self.rtt_s += (sample - self.rtt_s) * RTT_DECAY
 
     def _report(self, exc: aio.AioRpcError) -> None:
         code = exc.code()

@@ -1,35 +1,41 @@
 """Routing tasks to the workers discovery finds: the dispatcher's logic.
 
 :class:`Router` owns the queue of tasks waiting for a worker
-(:mod:`pool.dispatcher.queue`) and one :class:`~pool.dispatcher.jobs.Link`
-per discovered worker (the real one is
+(:mod:`pool.dispatcher.queue`) and the links to the workers
+(:mod:`pool.dispatcher.roster`; the real link is
 :class:`~pool.dispatcher.links.WorkerLink`). It places each task on the
-least-loaded ready worker whose tags include the task's, never past the
-worker's ``capacity``. Caller: :mod:`pool.dispatcher.server`, on its loop;
-the unit tests drive it with fake links.
+least-loaded ready worker whose tags include the task's, never past what
+the link may hold (:attr:`~pool.dispatcher.jobs.Link.free`: its slots, and
+what hides a round trip ahead of them). Caller:
+:mod:`pool.dispatcher.server`, on its loop; the unit tests drive it with
+fake links.
 
-Attempts. A worker tells the router which tasks it has *taken* before it
-starts any of them. When a worker is lost (its stream ends, or it is
-dropped and its stream ended after a grace), its unfinished tasks go back
-to the front of the queue: a task it had taken counts one attempt, one it
-had not taken counts none (it never ran there). At ``max_attempts`` the
-task fails with :class:`~pool.errors.WorkerLost`, which says how each
-worker died. A task lost untaken :data:`MAX_UNTAKEN_LOSSES` times fails
-too, so that nothing is retried forever.
+A task is the router's until a worker *starts* it. One a worker holds
+unstarted is withdrawn when its client cancels it, and moved when the
+queue is empty and another worker has a slot with nothing for it
+(:mod:`pool.dispatcher.stealing`). So no task waits behind another while a
+slot that could run it is free.
+
+Attempts. A worker says which tasks it has *started* before any of them
+runs. When a worker is lost (its stream ends), its unfinished tasks go
+back to the front of the queue: one it had started counts an attempt, one
+it had not counts none. At ``max_attempts`` the task fails with
+:class:`~pool.errors.WorkerLost`, which says how each worker died; one
+lost unstarted :data:`MAX_UNTAKEN_LOSSES` times fails too.
 
 Bounds. At most ``max_queued`` tasks wait (:attr:`Router.room`). A task
 with no matching ready worker fails with
 :class:`~pool.errors.NoWorkerAvailable` after ``no_worker_timeout_s``.
 
-Stopping. :meth:`Router.stop_taking` (the pool drains) fails every queued
-task with :class:`~pool.errors.PoolStopping` at once, and every task
-submitted later; tasks on workers finish and are delivered.
-:meth:`Router.finish` waits a bounded time for them, then fails the rest.
+Stopping. :meth:`Router.stop_taking` (the pool drains) fails with
+:class:`~pool.errors.PoolStopping` every task not started (queued, or held
+by a worker, which gives it back) and every task submitted later; started
+ones finish and are delivered. :meth:`Router.finish` waits a bounded time
+for them, then fails the rest.
 
-Every background task (the links, the expiry ticker, the grace of a
-dropped worker's stream, failures that wait for an exit report) runs in
-the task group the router holds while it is entered (``async with
-Router(...) as router``).
+Every background task (the links, the expiry ticker, graces, failures that
+wait for an exit report) runs in the task group the router holds while it
+is entered (``async with Router(...) as router``).
 """
 
 from __future__ import annotations
@@ -38,7 +44,7 @@ import asyncio
 import contextlib
 import itertools
 from collections.abc import Callable, Coroutine, Iterable
-from typing import Any, Final, Self, assert_never
+from typing import Any, Final, Self
 from uuid import UUID
 
 import grpc
@@ -47,6 +53,8 @@ from discovery import DiscoveryEvent, WorkerInfo
 from pool.dispatcher.exits import Exits
 from pool.dispatcher.jobs import Connect, Job, Link
 from pool.dispatcher.queue import MAX_QUEUED, TaskQueue
+from pool.dispatcher.roster import Roster
+from pool.dispatcher.stealing import Withdrawals
 from pool.errors import NoWorkerAvailable, PoolStopping, WorkerLost
 from workers.protocol import codec
 from workers.protocol.worker_pb2 import Result
@@ -54,12 +62,10 @@ from workers.protocol.worker_pb2 import Result
 NO_WORKER_TIMEOUT_S: Final = 30.0
 MAX_ATTEMPTS: Final = 3
 MAX_UNTAKEN_LOSSES: Final = 10
-RECONNECT_DELAY_S: Final = 0.5
-LEAVE_GRACE_S: Final = 5.0  # a dropped worker's stream may finish this long
 EXPIRE_EVERY_S: Final = 1.0
-_STOPPED: Final = {  # why a task lost its worker as the pool stopped, if taken
+_STOPPED: Final = {  # why a task lost its worker as the pool stopped, if started
     True: "its worker stopped before it finished",
-    False: "its worker stopped before it took the task, so it never ran",
+    False: "its worker stopped before it started the task, so it never ran",
 }
 
 
@@ -69,6 +75,7 @@ class Router:
     :param connect: makes the link to a newly discovered worker.
     :param is_alive: whether a worker is still registered by a live process
         (its liveness lock); a link that breaks to a live worker reconnects.
+    :param on_linked: told of each worker whose stream is up.
     """
 
     def __init__(
@@ -80,25 +87,33 @@ class Router:
         no_worker_timeout_s: float = NO_WORKER_TIMEOUT_S,
         max_attempts: int = MAX_ATTEMPTS,
         max_queued: int = MAX_QUEUED,
+        on_linked: Callable[[WorkerInfo], None] = lambda info: None,
     ) -> None:
         if max_attempts < 1:
             raise ValueError(f"max_attempts must be at least 1, got {max_attempts}")
         self.namespace = namespace
         self._connect = connect
         self._is_alive = is_alive
+        self._on_linked = on_linked
         self._no_worker_timeout_s = no_worker_timeout_s
         self._max_attempts = max_attempts
         self._ids = itertools.count(1)
-        self.links: dict[UUID, Link] = {}  # registered workers
-        self._open: set[Link] = set()  # every link whose stream still runs
+        self._roster = Roster(
+            namespace,
+            connect,
+            self,
+            is_alive=is_alive,
+            spawn=self._spawn,
+            on_lost=self._lost,
+        )
+        self._open = self._roster.open  # every link whose stream still runs
         self._refusing: set[Link] = set()  # answered UNAVAILABLE since its last news
+        self._withdrawals = Withdrawals()  # asked back from their workers
         self.queue = TaskQueue(max_queued)
         self.stopping = False
         self._stack = contextlib.AsyncExitStack()  # holds the task group
         self._group: asyncio.TaskGroup | None = None
         self._expiring: asyncio.Task[None]
-        self._graces: set[asyncio.Task[None]] = set()  # of dropped workers' links
-        self._closed = False
         self._settled = asyncio.Event()  # stopping, and no worker has a task
         self._exits = Exits()
         self._started = False  # every worker of the pool has started once
@@ -115,12 +130,8 @@ class Router:
 
     async def __aexit__(self, *exc_info: Any) -> None:
         """Close every link and wait for all of it to end."""
-        self._closed = True
         self._expiring.cancel()
-        for grace in self._graces:
-            grace.cancel()
-        for link in list(self._open):
-            link.close()
+        self._roster.close()
         await self._stack.__aexit__(*exc_info)
 
     def _spawn(self, coro: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
@@ -130,64 +141,31 @@ class Router:
     # -- discovery -----------------------------------------------------------
 
     def on_event(self, event: DiscoveryEvent) -> None:
-        info = event.worker_info
-        match event.type:
-            case "worker-added":
-                self._open_link(info)
-            case "worker-updated":
-                if (link := self.links.get(info.uid)) is not None:
-                    link.info = info
-                    self._refusing.discard(link)  # its news says what it takes
-            case "worker-dropped":
-                if (link := self.links.pop(info.uid, None)) is not None:
-                    link.dropped = True  # takes nothing more; may still answer
-                    grace = self._spawn(_close_after(link, LEAVE_GRACE_S))
-                    self._graces.add(grace)
-                    grace.add_done_callback(self._graces.discard)
-            case _:
-                assert_never(event.type)
+        if (link := self._roster.on_event(event)) is not None:
+            self._refusing.discard(link)  # its news says what it takes
         self.pump()
 
-    def _open_link(self, info: WorkerInfo) -> None:
-        link = self._connect(info, self)
-        self.links[info.uid] = link
-        self._open.add(link)
-        self._spawn(self._serve(link))
-
-    async def _serve(self, link: Link) -> None:
-        try:
-            await link.run()
-        finally:
-            self._open.discard(link)
-            self._refusing.discard(link)
-            self._lost(link)
+    @property
+    def links(self) -> dict[UUID, Link]:
+        """The links of the registered workers, by uid."""
+        return self._roster.links
 
     def _lost(self, link: Link) -> None:
-        """A link's stream ended: its tasks go elsewhere; reconnect if the
-        worker is still registered and alive (its drop is coming otherwise)."""
+        """A link's stream ended: its tasks go elsewhere."""
+        self._refusing.discard(link)
         self._requeue(link)
-        if self.links.get(link.info.uid) is link and not self._closed:
-            if self._is_alive(self.namespace, link.info.uid):
-                self._spawn(self._reconnect(link))
-            else:
-                del self.links[link.info.uid]
         self.pump()
-
-    async def _reconnect(self, old: Link) -> None:
-        await asyncio.sleep(RECONNECT_DELAY_S)  # a pause, not a wait for an event
-        if self.links.get(old.info.uid) is old and not self._closed:
-            self._open_link(old.info)
-            self.pump()
 
     def _requeue(self, link: Link) -> None:
         jobs, link.in_flight = list(link.in_flight.values()), {}
         for job in reversed(jobs):  # keep their order at the queue's front
             job.link = None
+            self._withdrawals.forget(job)
             if job.finished:
                 continue
             taken = job.lost(link.info)
             if job.attempts >= self._max_attempts:
-                if self._closed:  # no time to wait for how the last one died
+                if self._roster.closed:  # no time to wait for how the last one died
                     self._fail(job, self._lost_error(job))
                 else:
                     self._spawn(self._fail_lost(job))
@@ -267,8 +245,11 @@ class Router:
             del link.in_flight[job.task.id]
             job.link = None
             self._deliver(job, Result(id=job.task.id, failure=codec.cancelled()))
-        else:
-            link.cancel(job.task.id)
+        elif job.withdrawing != "cancel":  # (once asked, asked)
+            if job.withdrawing is None:
+                link.cancel(job.task.id)
+            self._withdrawals.forget(job)
+            job.withdrawing = "cancel"  # (a steal under way answers this too)
 
     def _deliver(self, job: Job, result: Result) -> None:
         job.finished = True
@@ -282,14 +263,18 @@ class Router:
 
     def on_connected(self, link: Link) -> None:
         """The stream to ``link``'s worker is up: send it what waits."""
+        self._on_linked(link.info)
         self.pump()
 
-    def on_accepted(self, link: Link, task_ids: Iterable[int]) -> None:
-        """The worker on ``link`` has taken these tasks."""
+    def on_started(self, link: Link, task_ids: Iterable[int]) -> None:
+        """The worker on ``link`` has started these tasks."""
         for task_id in task_ids:
-            if (job := link.in_flight.get(task_id)) is not None and not job.taken:
-                job.taken = True
-                job.owner.on_accepted(job)
+            if (job := link.in_flight.get(task_id)) is not None and not job.started:
+                job.started = True
+                if job.withdrawing == "requeue":
+                    job.withdrawing = None  # too late: it runs there
+                    self._withdrawals.forget(job)
+                job.owner.on_started(job)
 
     def on_results(self, link: Link, results: Iterable[Result]) -> None:
         """Results from the worker on ``link`` (one message's): each is
@@ -305,8 +290,16 @@ class Router:
             return  # requeued elsewhere already, or withdrawn
         job.link = None
         failed = result.HasField("failure")
-        if failed and codec.status_of(result.failure) == grpc.StatusCode.UNAVAILABLE:
-            job.taken = False  # the worker could not run it: not an attempt
+        status = codec.status_of(result.failure) if failed else None
+        self._withdrawals.forget(job)
+        if job.withdrawing == "requeue" and status == grpc.StatusCode.CANCELLED:
+            job.withdrawing = None
+            if self.stopping:
+                self._fail(job, PoolStopping(self.namespace, _STOPPED[False]))
+            else:
+                self.queue.push(job, front=True)  # on to a free worker (the pump)
+        elif status == grpc.StatusCode.UNAVAILABLE:
+            job.started = False  # the worker could not run it: not an attempt
             # Send it nothing more until its published state changes (it is
             # draining or stuck): else the task would bounce back and forth.
             self._refusing.add(link)
@@ -319,9 +312,8 @@ class Router:
             self._deliver(job, result)
 
     def pump(self) -> None:
-        """Place every queued task that a ready worker can take now."""
-        if not self.queue:
-            return
+        """Place every queued task that a ready worker can take now; with
+        none queued, steal for the slots that have nothing."""
         ready = [
             link
             for link in self.links.values()
@@ -333,7 +325,23 @@ class Router:
             fits = [k for k in ready if k.free > 0 and job.tags <= k.info.tags]
             return min(fits, key=_load, default=None)
 
-        self.queue.place(sum(max(link.free, 0) for link in ready), choose)
+        for _ in range(2):  # (again once for what a steal took back at once)
+            if self.queue:
+                self.queue.place(sum(max(link.free, 0) for link in ready), choose)
+            if self.queue.waiting or not self._steal(ready):
+                return
+
+    def _steal(self, ready: list[Link]) -> bool:
+        """Ask back tasks held behind busy slots for the slots that have
+        nothing (:mod:`pool.dispatcher.stealing`); whether some came back at
+        once (they are queued again)."""
+        idle = [link for link in ready if len(link.in_flight) < link.slots]
+        if not idle:
+            return False
+        back = self._withdrawals.steal(idle, self._open)
+        for job in reversed(back):
+            self.queue.push(job, front=True)
+        return bool(back)
 
     def expire(self) -> None:
         """Fail the tasks that have had no matching ready worker for too long.
@@ -355,12 +363,15 @@ class Router:
     # -- stopping ------------------------------------------------------------
 
     def stop_taking(self) -> None:
-        """The pool drains: fail what waits, and whatever comes later."""
+        """The pool drains: fail what waits (queued, or held unstarted by a
+        worker, which is asked to give it back), and whatever comes later."""
         if self.stopping:
             return
         self.stopping = True
         for job in self.queue.remove_where(lambda job: True):
             self._fail(job, PoolStopping(self.namespace))
+        for job in self._withdrawals.take_back_all(self._open):  # unstarted
+            self._fail(job, PoolStopping(self.namespace, _STOPPED[False]))
         self._check_settled()
 
     def _check_settled(self) -> None:
@@ -382,13 +393,5 @@ class Router:
                     self._fail(job, PoolStopping(self.namespace, detail))
 
 
-async def _close_after(link: Link, grace_s: float) -> None:
-    """Close a dropped worker's link once its stream had ``grace_s`` to end."""
-    try:
-        await asyncio.sleep(grace_s)  # the grace itself, not a wait for an event
-    finally:
-        link.close()
-
-
 def _load(link: Link) -> float:
-    return len(link.in_flight) / link.info.capacity
+    return len(link.in_flight) / link.slots

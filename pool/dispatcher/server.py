@@ -66,6 +66,7 @@ async def serve(settings: DispatcherSettings, tls_ca: bytes | None = None) -> No
     stopper = serving.Stopper(settings.parent_fd)
     try:
         token = auth.read_token(settings.namespace)
+        reports = _LinkReports()
         router = Router(
             settings.namespace,
             WorkerLink.connector(
@@ -74,6 +75,7 @@ async def serve(settings: DispatcherSettings, tls_ca: bytes | None = None) -> No
             is_alive=backends.liveness_for(settings.discovery_url),
             no_worker_timeout_s=settings.no_worker_timeout_s,
             max_queued=settings.max_queued,
+            on_linked=reports.linked,
         )
         server = aio.server(
             interceptors=[auth.CallInterceptor(token)],
@@ -83,6 +85,7 @@ async def serve(settings: DispatcherSettings, tls_ca: bytes | None = None) -> No
         dispatcher_pb2_grpc.add_DispatcherServicer_to_server(service, server)  # type: ignore[no-untyped-call]
         ready, socket_path = _bind(server, settings)
         await server.start()
+        await reports.open(settings.report_fd)
         try:
             async with router, asyncio.TaskGroup() as group:
                 following = group.create_task(
@@ -104,11 +107,36 @@ async def serve(settings: DispatcherSettings, tls_ca: bytes | None = None) -> No
                 if obeying is not None:
                     obeying.cancel()
         finally:
+            reports.close()
             await server.stop(1.0)
             if socket_path is not None:
                 socket_path.unlink(missing_ok=True)
     finally:
         stopper.close()
+
+
+class _LinkReports:
+    """One JSON line to the supervisor (``--report-fd``) for each worker
+    whose stream is up, so that the pool says ``ready`` only once every
+    worker can be sent tasks. Written through the loop's pipe transport,
+    which never blocks (a line per link, a few bytes each)."""
+
+    def __init__(self) -> None:
+        self._transport: asyncio.WriteTransport | None = None
+
+    async def open(self, fd: int | None) -> None:
+        if fd is not None:
+            loop = asyncio.get_running_loop()
+            pipe = os.fdopen(fd, "wb", 0)
+            self._transport, _ = await loop.connect_write_pipe(asyncio.Protocol, pipe)
+
+    def linked(self, info: WorkerInfo) -> None:
+        if self._transport is not None and not self._transport.is_closing():
+            self._transport.write(b'{"linked": "%s"}\n' % str(info.uid).encode())
+
+    def close(self) -> None:
+        if self._transport is not None:
+            self._transport.close()
 
 
 def _bind(

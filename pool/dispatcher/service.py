@@ -48,9 +48,9 @@ class ClientStream(Incoming[Job]):
         super().__init__(max_tasks)
         self._router = router
 
-    def on_accepted(self, job: Job) -> None:
+    def on_started(self, job: Job) -> None:
         if self.entries.get(job.client_id) is job:
-            self.outbox.accept(job.client_id)
+            self.outbox.start(job.client_id)
 
     def on_result(self, job: Job, result: Result) -> None:
         if self.entries.get(job.client_id) is not job:

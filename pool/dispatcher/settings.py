@@ -74,6 +74,9 @@ class DispatcherSettings:
     control_fd: int | None = Spec(
         None, "read the supervisor's control lines here"
     ).field()
+    report_fd: int | None = Spec(
+        None, "write a line here for each worker linked, for the supervisor"
+    ).field()
     ready_fd: int | None = READY_FD.field()
     output_fd: int | None = OUTPUT_FD.field()
 

@@ -277,23 +277,29 @@ class Supervisor:
         child.ready = {}
         ready_read, ready_write = os.pipe()
         fds = {"ready_fd": ready_write, "parent_fd": self._parent_fd}
-        control_read = output_read = -1
+        control_read = output_read = report_read = -1
         if child is self._dispatcher:
             control_read, control_write = os.pipe()
             await self._control.attach(control_write)
             fds["control_fd"] = control_read
+            report_read, fds["report_fd"] = os.pipe()
         if self.settings.capture_output:
             output_read, fds["output_fd"] = os.pipe()
         try:
             process = await self._fork_or_spawn(child, fds)
         except BaseException:
-            if output_read >= 0:
-                os.close(output_read)
+            for fd in (output_read, report_read):
+                if fd >= 0:
+                    os.close(fd)
             raise
         finally:
             for fd in (ready_write, control_read, fds.get("output_fd", -1)):
                 if fd >= 0:
                     os.close(fd)
+            if report_read >= 0:
+                os.close(fds["report_fd"])
+        if report_read >= 0:
+            self._spawn(self._registrations.follow_links(report_read))
         if output_read >= 0:
             show = functools.partial(self.view.output, child.label, process.pid)
             relaying = self._spawn(relay(output_read, show))

@@ -1,10 +1,13 @@
 """What the supervisor follows of its registry: every registered worker's
-status, and the ones that stay stuck.
+status, the ones its dispatcher has linked, and the ones that stay stuck.
 
 :class:`Registrations` reads the namespace's events (in shared memory, or
 in Redis with ``discovery_url``), shows each through the view, and keeps
-each registered worker's status by uid, so that the supervisor can wait
-until every worker it started is registered (:meth:`until_registered`). A
+each registered worker's status by uid; the dispatcher's report lines
+(:meth:`follow_links`) say which workers it has a stream to. So the
+supervisor can wait until every worker it started is registered and
+linked (:meth:`until_registered`): only then can a client's first tasks
+spread over all of them. A
 worker whose status stays ``"stuck"`` (every thread held by a task that
 timed out or was cancelled) for ``stuck_grace_s`` is handed to
 ``on_stuck``, which replaces it. Owned by the supervisor, which runs
@@ -14,12 +17,17 @@ timed out or was cancelled) for ``stuck_grace_s`` is handed to
 from __future__ import annotations
 
 import asyncio
+import json
+import logging
 from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from typing import Any
 
 from discovery import backends
 from pool.supervisor.children import START_TIMEOUT_S, Child, ChildFailed
+from pool.supervisor.output import relay
 from pool.supervisor.view import View
+
+log = logging.getLogger("pool.supervisor")
 
 
 class Registrations:
@@ -39,6 +47,7 @@ class Registrations:
         self._stuck_grace_s = stuck_grace_s
         self._spawn, self._on_stuck = spawn, on_stuck
         self._status: dict[str, str] = {}  # uid -> status, of registered workers
+        self._linked: set[str] = set()  # uids the current dispatcher has linked
         self.changed = asyncio.Event()  # set at each change: look again
 
     async def follow(self) -> None:
@@ -56,6 +65,20 @@ class Registrations:
             self.changed.set()
             self._view.event(event)
 
+    async def follow_links(self, fd: int) -> None:
+        """Read a new dispatcher's report lines from the pipe ``fd`` (which
+        this now owns) until it closes."""
+        self._linked = set()
+        await relay(fd, self._note_link)
+
+    def _note_link(self, line: str) -> None:
+        try:
+            self._linked.add(str(json.loads(line)["linked"]))
+        except (ValueError, KeyError, TypeError):
+            log.warning("ignoring a report line that is not a link: %r", line)
+            return
+        self.changed.set()
+
     async def _stuck(self, uid: str, pid: int) -> None:
         await asyncio.sleep(self._stuck_grace_s)  # the grace period itself
         if self._status.get(uid) == "stuck":
@@ -63,15 +86,19 @@ class Registrations:
             await self._on_stuck(uid, pid)
 
     async def until_registered(self, workers: Sequence[Child]) -> None:
-        """Wait until every one of ``workers`` is ready and seen registered.
+        """Wait until every one of ``workers`` is ready, seen registered, and
+        linked by the dispatcher.
 
         :raises ChildFailed: if some are not within :data:`START_TIMEOUT_S`.
         """
+
+        def done(child: Child) -> bool:
+            uid = child.ready.get("uid") if child.ready else None
+            return uid in self._status and uid in self._linked
+
         try:
             async with asyncio.timeout(START_TIMEOUT_S):
-                while not all(
-                    c.ready and c.ready["uid"] in self._status for c in workers
-                ):
+                while not all(map(done, workers)):
                     await self.changed.wait()
                     self.changed.clear()
         except TimeoutError:

@@ -30,9 +30,9 @@ from tests.rpc import dispatcher_stub
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(90)]
 
 WORKERS = 2
-# What the workers take at once: concurrency 1, prefetch 4, while none of
-# their tasks has ended yet.
-TAKEN = WORKERS * 4
+# What the workers run at once: a slot each (concurrency 1). Each also
+# holds one task unstarted, which stays PENDING and cancellable.
+TAKEN = WORKERS
 
 
 @pytest.fixture(params=["Client", "Pool"])
@@ -78,15 +78,16 @@ def gate(tmp_path: Path) -> Iterator[Gate]:
 
 
 def _queued(namespace: str) -> int:
+    """The tasks the dispatcher has not settled: queued, or on a worker."""
     with dispatcher_stub(namespace) as (stub, metadata):
         reply = stub.ListWorkers(ListWorkersRequest(), metadata=metadata, timeout=10)
-    return int(reply.queued)
+    return int(reply.queued) + sum(int(w.in_flight) for w in reply.workers)
 
 
 def _saturate(
     client: Client, gate: Gate, count: int
 ) -> list[concurrent.futures.Future[Any]]:
-    """``count`` gated tasks, once the workers have taken all they can."""
+    """``count`` gated tasks, once the workers have started all they can."""
     futures = [gate.submit(client, i) for i in range(count)]
     wait_until(lambda: sum(f.running() for f in futures) == TAKEN, 30)
     return futures
@@ -107,7 +108,7 @@ def test_a_future_stays_pending_and_cancellable_until_a_worker_takes_it(
     assert not any(f.running() or f.done() for f in waiting)
     assert all(f.cancel() for f in waiting)
     assert not any(f.cancel() for f in running)
-    wait_until(lambda: _queued(executor.namespace) == 0)
+    wait_until(lambda: _queued(executor.namespace) == TAKEN)  # (withdrawn)
     gate.open()
     assert [f.result(timeout=30) for f in running] == list(range(TAKEN))
     assert all(f.cancelled() for f in waiting)
@@ -122,9 +123,10 @@ def test_shutdown_cancel_futures_cancels_only_what_no_worker_has(
     futures = _saturate(executor, gate, TAKEN + 5)
     executor.shutdown(wait=False, cancel_futures=True)
     assert [f.cancelled() for f in futures] == [False] * TAKEN + [True] * 5
-    # The cancels travel to the dispatcher; a slot freed before they arrive
-    # could still take one of those tasks (the README says so).
-    wait_until(lambda: _queued(executor.namespace) == 0)
+    # The cancels travel to the dispatcher and on to the workers holding
+    # some; a slot freed before they arrive could still start one of those
+    # tasks (the README says so): the gate opens once they are withdrawn.
+    wait_until(lambda: _queued(executor.namespace) == TAKEN)
     gate.open()
     assert [f.result(timeout=30) for f in futures[:TAKEN]] == list(range(TAKEN))
     assert gate.ran() == list(range(TAKEN))

@@ -67,7 +67,7 @@ def test_a_drain_delivers_every_result_a_worker_finishes(
         )  # fmt: skip
         try:
             wait_until(lambda: os.path.exists(started) and os.path.exists(cli_started))
-            # 3 workers take at most 4 tasks each: the rest wait in the queue.
+            # 3 workers run one task each and hold one more: the rest wait.
             more = [client.submit(sample_tasks.gated, gate, i) for i in range(40)]
             wait_until(lambda: sum(f.running() for f in more) >= 1)
             pool.proc.send_signal(signal.SIGINT)

@@ -39,8 +39,8 @@ class Sent:
         self.ledger.add(submission, handler)
         return submission.task.id, future
 
-    def accept(self, *ids: int) -> None:
-        self.ledger.on_batch(ResultBatch(accepted=ids))
+    def start(self, *ids: int) -> None:
+        self.ledger.on_batch(ResultBatch(started=ids))
 
     def answer(self, task_id: int, value: object) -> None:
         result = Result(id=task_id, value=pickle.dumps(value))
@@ -67,7 +67,7 @@ def test_a_future_is_pending_until_a_worker_takes_its_task() -> None:
     sent = Sent()
     task_id, future = sent.submit()
     assert future._state == "PENDING" and not future.running()
-    sent.accept(task_id)
+    sent.start(task_id)
     assert future.running() and not future.cancel()
     sent.answer(task_id, 9)
     assert future.result(0) == 9 and future.done()
@@ -89,7 +89,7 @@ def test_cancelling_a_pending_future_sends_a_cancel_and_wakes_waiters() -> None:
     assert waited == [{future}]
     assert _outgoing(sent.ledger) == ([], [task_id])
     assert len(sent.ledger) == 1  # until the dispatcher answers the cancel
-    sent.accept(task_id)  # the worker took it in the same instant
+    sent.start(task_id)  # the worker took it in the same instant
     sent.answer(task_id, 9)
     assert future.cancelled()
 
@@ -128,12 +128,12 @@ def test_a_resent_task_keeps_its_state_and_its_cancel() -> None:
     running, running_future = sent.submit()
     cancelled, cancelled_future = sent.submit()
     waiting, _ = sent.submit()
-    sent.accept(running)
+    sent.start(running)
     assert sent.cancel(cancelled, cancelled_future)
     _outgoing(sent.ledger)
     sent.ledger.resend_all()
     assert _outgoing(sent.ledger) == ([running, waiting], [])
-    sent.accept(running, waiting)
+    sent.start(running, waiting)
     assert running_future.running()
     assert len(sent.ledger) == 2
 

@@ -50,7 +50,7 @@ class Dispatcher(dispatcher_pb2_grpc.DispatcherServicer):
             if part == "end":
                 return
             results = [Result(id=i, value=pickle.dumps(i)) for i in ids]
-            await context.write(ResultBatch(accepted=ids, results=results))
+            await context.write(ResultBatch(started=ids, results=results))
             ids = []
 
 
@@ -70,7 +70,7 @@ class Heard:
     def __init__(self) -> None:
         self.result: asyncio.Future[Result] = asyncio.get_running_loop().create_future()
 
-    def accepted(self) -> None:
+    def started(self) -> None:
         pass
 
     def resolve(self, result: Result) -> None:

@@ -16,6 +16,7 @@ import pytest
 from discovery import DiscoveryEvent, WorkerInfo
 from pool import NoWorkerAvailable, PoolStopping, WorkerLost
 from pool.dispatcher.jobs import Job, LinkEvents
+from pool.dispatcher.links import MAX_AHEAD_PER_SLOT, WorkerLink
 from pool.dispatcher.placement import MAX_UNTAKEN_LOSSES, Router
 from workers.protocol import codec
 from workers.protocol.worker_pb2 import Result, Task
@@ -35,6 +36,7 @@ class FakeLink:
         self.written: list[Job] = []  # what reached the worker
         self.unwritten: list[Job] = []  # sent, not yet written
         self.cancels: list[int] = []
+        self.ahead = 0  # what it may hold past its slots
         self._ended = asyncio.Event()
 
     @property
@@ -46,12 +48,17 @@ class FakeLink:
         )
 
     @property
+    def slots(self) -> int:
+        return self.info.capacity
+
+    @property
     def free(self) -> int:
-        return self.info.capacity - len(self.in_flight)
+        return self.slots + self.ahead - len(self.in_flight)
 
     def send(self, job: Job) -> None:
         job.link = self
-        job.taken = False
+        job.started = False
+        job.withdrawing = None
         job.task.attempt = job.attempts + 1
         self.in_flight[job.task.id] = job
         self.unwritten.append(job)
@@ -66,6 +73,7 @@ class FakeLink:
         self.cancels.append(task_id)
 
     async def run(self) -> None:
+        self.router.on_connected(self)  # (ready from the start, as its stream)
         await self._ended.wait()
 
     def close(self) -> None:
@@ -79,13 +87,18 @@ class FakeLink:
         written, self.unwritten = self.unwritten, []
         return written
 
-    def take(self, *jobs: Job) -> None:
-        self.router.on_accepted(self, [job.task.id for job in jobs])
+    def start(self, *jobs: Job) -> None:
+        self.router.on_started(self, [job.task.id for job in jobs])
 
     def answer(self, job: Job, value: Any) -> None:
         self.router.on_results(
             self, [Result(id=job.task.id, value=pickle.dumps(value))]
         )
+
+    def withdrawn(self, job: Job) -> None:
+        """The worker gives back a task it held unstarted."""
+        withdrawn = Result(id=job.task.id, failure=codec.cancelled())
+        self.router.on_results(self, [withdrawn])
 
     def refuse(self, job: Job) -> None:
         self.router.on_results(self, [Result(id=job.task.id, failure=codec.rejected())])
@@ -95,11 +108,11 @@ class Owner:
     """A client stream: what it heard about each of its jobs."""
 
     def __init__(self) -> None:
-        self.accepted: list[int] = []
+        self.started: list[int] = []
         self.results: dict[int, Result] = {}
 
-    def on_accepted(self, job: Job) -> None:
-        self.accepted.append(job.client_id)
+    def on_started(self, job: Job) -> None:
+        self.started.append(job.client_id)
 
     def on_result(self, job: Job, result: Result) -> None:
         assert job.client_id not in self.results, "answered twice"
@@ -199,8 +212,8 @@ async def test_a_task_counts_an_attempt_only_if_its_worker_took_it() -> None:
         a = w.add("a", capacity=2)
         taken, untaken = w.submit(), w.submit()
         a.write()
-        a.take(taken)
-        assert w.owner.accepted == [taken.client_id]
+        a.start(taken)
+        assert w.owner.started == [taken.client_id]
         a.close()
         await settle()
         assert (taken.attempts, untaken.attempts) == (1, 0)
@@ -220,7 +233,7 @@ async def test_a_task_that_kills_every_worker_fails_after_max_attempts() -> None
             link = w.add(f"w{round_}", capacity=1)
             assert poison.link is link
             link.write()
-            link.take(poison)
+            link.start(poison)
             w.router.record_exit(link.info.pid, "exit code 3")
             link.close()
             await settle()
@@ -252,7 +265,7 @@ async def test_a_busy_worker_hands_a_task_back_without_an_attempt() -> None:
         a = w.add("a", capacity=1)
         job = w.submit()
         a.write()
-        a.take(job)
+        a.start(job)
         w.router.on_event(DiscoveryEvent("worker-updated", _status(a.info, "draining")))
         a.refuse(job)
         assert job.link is None and job.attempts == 0 and w.router.queued == 1
@@ -303,7 +316,7 @@ async def test_stopping_fails_what_waits_and_delivers_what_runs() -> None:
         a = w.add("a", capacity=1)
         running, queued = w.submit(), w.submit()
         a.write()
-        a.take(running)
+        a.start(running)
         w.router.stop_taking()
         assert isinstance(w.owner.error(queued.client_id), PoolStopping)
         late = w.submit()
@@ -320,7 +333,7 @@ async def test_finish_fails_what_no_worker_answered_in_time() -> None:
         a = w.add("a", capacity=1)
         stuck = w.submit()
         a.write()
-        a.take(stuck)
+        a.start(stuck)
         await w.router.finish(linger_s=0.01)
         assert "stopped before its worker answered" in str(
             w.owner.error(stuck.client_id)
@@ -411,3 +424,102 @@ def _status(info: WorkerInfo, status: str) -> WorkerInfo:
 async def _until(predicate: Callable[[], bool]) -> None:
     while not predicate():
         await asyncio.sleep(0.01)  # polled within the caller's deadline
+
+
+async def test_a_free_worker_steals_a_task_held_behind_a_busy_slot() -> None:
+    """With the queue empty, a worker with a slot that has nothing for it
+    gets a task another worker holds unstarted: the holder is asked to
+    withdraw it, and, withdrawn, it goes to the free worker (no attempt, no
+    answer to its client meanwhile)."""
+    async with world() as w:
+        a = w.add("a", capacity=1)
+        a.ahead = 1
+        first, second = w.submit(), w.submit()
+        assert first.link is a and second.link is a
+        a.write()
+        a.start(first)
+        b = w.add("b", capacity=1)
+        w.router.pump()  # (b's stream is up: what a link reports)
+        assert a.cancels == [second.task.id] and second.withdrawing == "requeue"
+        w.router.pump()
+        assert a.cancels == [second.task.id], "asked once, not again"
+        a.withdrawn(second)
+        assert second.link is b and b.unwritten == [second]
+        assert second.attempts == 0 and second.client_id not in w.owner.results
+
+
+async def test_a_steal_that_comes_too_late_leaves_the_task_where_it_runs() -> None:
+    """A task that started before the withdrawal reached its worker runs
+    there, and its result is its client's."""
+    async with world() as w:
+        a = w.add("a", capacity=1)
+        a.ahead = 1
+        first, second = w.submit(), w.submit()
+        a.write()
+        a.start(first)
+        w.add("b", capacity=1)
+        w.router.pump()
+        assert second.withdrawing == "requeue"
+        a.answer(first, 1)
+        a.start(second)
+        assert second.withdrawing is None
+        a.answer(second, 2)
+        assert (w.owner.value(1), w.owner.value(2)) == (1, 2)
+
+
+async def test_a_task_not_yet_written_is_stolen_at_once() -> None:
+    """A held task still waiting to be written is taken back without asking
+    its worker."""
+    async with world() as w:
+        a = w.add("a", capacity=1)
+        a.ahead = 1
+        first, second = w.submit(), w.submit()
+        b = w.add("b", capacity=1)
+        w.router.pump()
+        assert second.link is b and a.cancels == [] and a.unwritten == [first]
+
+
+async def test_a_cancel_withdraws_a_held_task_even_while_it_is_stolen() -> None:
+    """A client's cancel of a task its worker holds unstarted asks the worker
+    to withdraw it; withdrawn, it is answered CANCELLED, not moved, even if a
+    steal had asked first."""
+    async with world() as w:
+        a = w.add("a", capacity=1)
+        a.ahead = 2
+        first, second, third = w.submit(), w.submit(), w.submit()
+        a.write()
+        a.start(first)
+        w.router.cancel(third)
+        assert a.cancels == [third.task.id]
+        w.add("b", capacity=1)
+        w.router.pump()
+        assert second.withdrawing == "requeue"
+        w.router.cancel(second)
+        assert a.cancels == [third.task.id, second.task.id], "no second ask"
+        a.withdrawn(second)
+        a.withdrawn(third)
+        for job in (second, third):
+            assert codec.status_of(w.owner.results[job.client_id].failure) == (
+                grpc.StatusCode.CANCELLED
+            )
+
+
+def test_a_worker_is_sent_ahead_only_what_hides_a_round_trip() -> None:
+    """Before its pace is known, and while its tasks run a round trip or
+    longer, a worker is sent one task ahead per slot; far shorter tasks get
+    as many as one round trip runs, up to the bound."""
+    info = WorkerInfo(uuid.uuid4(), "unix:/w", 1, "1", frozenset(), capacity=2)
+    link = WorkerLink(info, _NoEvents(), "token")
+    assert link.free == 4
+    link.rtt_s, link.pace_s = 0.0005, 0.002
+    assert link.free == 4
+    link.pace_s = 0.0001
+    assert link.free == 2 * (1 + 5)
+    link.pace_s = 1e-7
+    assert link.free == 2 * (1 + MAX_AHEAD_PER_SLOT)
+
+
+class _NoEvents:
+    def on_connected(self, link: Any) -> None: ...
+    def on_started(self, link: Any, task_ids: Any) -> None: ...
+    def on_results(self, link: Any, results: Any) -> None: ...

@@ -1,5 +1,6 @@
 """The worker's service in this process, over a real grpc.aio stream: what
-it accepts, what it refuses, and the room that holds a sender back."""
+it starts, what it holds and withdraws, what it refuses, and the room that
+holds a sender back."""
 
 from __future__ import annotations
 
@@ -28,7 +29,7 @@ class Stream:
 
     def __init__(self, stub: WorkerStub) -> None:
         self.call = stub.Run()
-        self.accepted: list[int] = []
+        self.started: list[int] = []
         self.results: dict[int, list[Any]] = {}
         self.changed = asyncio.Event()
 
@@ -38,7 +39,7 @@ class Stream:
     async def read(self) -> None:
         async for batch in self.call:
             assert isinstance(batch, ResultBatch)
-            self.accepted += batch.accepted
+            self.started += batch.started
             for result in batch.results:
                 self.results.setdefault(result.id, []).append(result)
             self.changed.set()
@@ -51,10 +52,12 @@ class Stream:
 
 
 @asynccontextmanager
-async def worker(tmp_path: Path) -> AsyncIterator[tuple[Stream, Path]]:
+async def worker(
+    tmp_path: Path, concurrency: int = 1
+) -> AsyncIterator[tuple[Stream, Path]]:
     """A service on loopback and one stream to it; ``gate`` frees gated tasks."""
     gate = tmp_path / "gate"
-    service = WorkerService(1, lambda: None)
+    service = WorkerService(concurrency, lambda: None)
     server = aio.server()
     add_WorkerServicer_to_server(service, server)  # type: ignore[no-untyped-call]
     port = server.add_insecure_port("127.0.0.1:0")
@@ -80,15 +83,15 @@ def gated(task_id: int, gate: Path) -> Task:
     return Task(id=task_id, function=GATED, args=call(str(gate), task_id))
 
 
-async def test_a_task_is_accepted_then_answered_once_and_its_id_guarded(
+async def test_a_task_is_started_then_answered_once_and_its_id_guarded(
     tmp_path: Path,
 ) -> None:
-    """The worker says it took a task before its result; the same id sent
+    """The worker says it started a task before its result; the same id sent
     while it is in flight is refused with ALREADY_EXISTS, and the first goes
     on to its one answer."""
     async with worker(tmp_path) as (stream, gate):
         await stream.send(gated(1, gate))
-        await stream.until(lambda: 1 in stream.accepted)
+        await stream.until(lambda: 1 in stream.started)
         await stream.send(gated(1, gate))
         await stream.until(lambda: 1 in stream.results)
         (refused,) = stream.results[1]
@@ -96,7 +99,7 @@ async def test_a_task_is_accepted_then_answered_once_and_its_id_guarded(
         gate.touch()
         await stream.until(lambda: len(stream.results[1]) == 2)
         assert value(stream.results[1][1]) == 1
-        assert stream.accepted == [1]
+        assert stream.started == [1]
 
 
 async def test_a_malformed_task_is_refused_alone(tmp_path: Path) -> None:
@@ -106,7 +109,7 @@ async def test_a_malformed_task_is_refused_alone(tmp_path: Path) -> None:
         await stream.until(lambda: {5, 6} <= stream.results.keys())
         assert status(stream.results[5][0]) == grpc.StatusCode.INVALID_ARGUMENT
         assert value(stream.results[6][0]) == 16
-        assert stream.accepted == [6]
+        assert stream.started == [6]
 
 
 async def test_a_full_stream_is_not_read_until_a_task_is_answered(
@@ -115,13 +118,65 @@ async def test_a_full_stream_is_not_read_until_a_task_is_answered(
     """With room for two, a third task is not even read (so gRPC's flow
     control holds the sender) until one of the two is answered."""
     monkeypatch.setattr(running, "MAX_STREAM_TASKS", 2)
-    async with worker(tmp_path) as (stream, gate):
+    async with worker(tmp_path, concurrency=2) as (stream, gate):
         await stream.send(gated(1, gate), gated(2, gate))
-        await stream.until(lambda: stream.accepted == [1, 2])
+        await stream.until(lambda: stream.started == [1, 2])
         await stream.send(Task(id=3, function=SQUARE, args=call(3)))
         # (A bounded look: a slow machine can only let this pass wrongly.)
         await asyncio.sleep(0.3)
-        assert 3 not in stream.accepted and 3 not in stream.results
+        assert 3 not in stream.started and 3 not in stream.results
         gate.touch()
         await stream.until(lambda: {1, 2, 3} <= stream.results.keys())
         assert value(stream.results[3][0]) == 9
+
+
+def logged(task_id: int, gate: Path, log: Path) -> Task:
+    """A gated task that notes its id in ``log`` when it runs."""
+    return Task(id=task_id, function=GATED, args=call(str(gate), task_id, str(log)))
+
+
+async def test_a_held_task_is_withdrawn_by_a_cancel_and_never_runs(
+    tmp_path: Path,
+) -> None:
+    """With its one slot busy, the worker holds the next task unstarted: a
+    cancel withdraws it (CANCELLED, never listed as started, never run),
+    and the running one is not disturbed."""
+    log = tmp_path / "log"
+    async with worker(tmp_path) as (stream, gate):
+        await stream.send(logged(1, gate, log), logged(2, gate, log))
+        await stream.until(lambda: 1 in stream.started)
+        await stream.call.write(TaskBatch(cancel=[2]))
+        await stream.until(lambda: 2 in stream.results)
+        assert status(stream.results[2][0]) == grpc.StatusCode.CANCELLED
+        gate.touch()
+        await stream.until(lambda: 1 in stream.results)
+        assert value(stream.results[1][0]) == 1
+    assert stream.started == [1]
+    assert log.read_text().split() == ["1"]
+
+
+async def test_a_started_task_runs_on_through_a_cancel(tmp_path: Path) -> None:
+    """A cancel that comes once a plain task has started leaves it to run:
+    its one answer is its value (the start was already reported)."""
+    async with worker(tmp_path) as (stream, gate):
+        await stream.send(gated(1, gate))
+        await stream.until(lambda: 1 in stream.started)
+        await stream.call.write(TaskBatch(cancel=[1]))
+        await stream.send(Task(id=2, function=SQUARE, args=call(5)))
+        gate.touch()
+        await stream.until(lambda: {1, 2} <= stream.results.keys())
+        assert value(stream.results[1][0]) == 1
+        assert len(stream.results[1]) == 1
+
+
+async def test_held_tasks_start_in_order_as_slots_free(tmp_path: Path) -> None:
+    """Tasks wait for a slot in the order they came; each is reported
+    started only when it gets one."""
+    log = tmp_path / "log"
+    async with worker(tmp_path, concurrency=2) as (stream, gate):
+        await stream.send(*(logged(i, gate, log) for i in range(1, 6)))
+        await stream.until(lambda: stream.started == [1, 2])
+        gate.touch()
+        await stream.until(lambda: len(stream.results) == 5)
+    assert stream.started == [1, 2, 3, 4, 5]
+    assert sorted(map(int, log.read_text().split())) == [1, 2, 3, 4, 5]

@@ -156,7 +156,7 @@ def test_a_client_stream_carries_a_function_once() -> None:
 
 
 class _Ignore:
-    def accepted(self) -> None:
+    def started(self) -> None:
         pass
 
     def resolve(self, result: object) -> None:

@@ -1,7 +1,7 @@
 """What one end of a task stream has to say, handed to its writer at once.
 
 Both ends of a task stream (a worker answering its dispatcher, a
-dispatcher answering its client) put results and accepted task ids in as
+dispatcher answering its client) put results and started task ids in as
 they come, and one writer task takes them out as :class:`ResultBatch`
 messages: each write carries everything that was ready at that moment.
 """
@@ -15,11 +15,11 @@ from workers.protocol.worker_pb2 import Result, ResultBatch
 
 
 class Outbox:
-    """Results and accepted ids in from callbacks, batches out to one writer."""
+    """Results and started ids in from callbacks, batches out to one writer."""
 
     def __init__(self) -> None:
         self._results: list[Result] = []
-        self._accepted: list[int] = []
+        self._started: list[int] = []
         self._ready = asyncio.Event()
         self._closed = False
 
@@ -27,9 +27,9 @@ class Outbox:
         self._results.append(result)
         self._ready.set()
 
-    def accept(self, task_id: int) -> None:
-        """Tell the reader that the task ``task_id`` was taken."""
-        self._accepted.append(task_id)
+    def start(self, task_id: int) -> None:
+        """Tell the reader that the task ``task_id`` has started."""
+        self._started.append(task_id)
         self._ready.set()
 
     def close(self) -> None:
@@ -46,9 +46,9 @@ class Outbox:
         while True:
             await self._ready.wait()
             self._ready.clear()
-            if self._results or self._accepted:
-                batch = ResultBatch(results=self._results, accepted=self._accepted)
-                self._results, self._accepted = [], []
+            if self._results or self._started:
+                batch = ResultBatch(results=self._results, started=self._started)
+                self._results, self._started = [], []
                 yield batch
-            if self._closed and not (self._results or self._accepted):
+            if self._closed and not (self._results or self._started):
                 return

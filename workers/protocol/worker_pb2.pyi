@@ -59,9 +59,11 @@ class TaskBatch(_message.Message):
     def __init__(self, tasks: _Optional[_Iterable[_Union[Task, _Mapping]]] = ..., cancel: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class ResultBatch(_message.Message):
-    __slots__ = ("results", "accepted")
+    __slots__ = ("results", "started", "pace_us")
     RESULTS_FIELD_NUMBER: _ClassVar[int]
-    ACCEPTED_FIELD_NUMBER: _ClassVar[int]
+    STARTED_FIELD_NUMBER: _ClassVar[int]
+    PACE_US_FIELD_NUMBER: _ClassVar[int]
     results: _containers.RepeatedCompositeFieldContainer[Result]
-    accepted: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, results: _Optional[_Iterable[_Union[Result, _Mapping]]] = ..., accepted: _Optional[_Iterable[int]] = ...) -> None: ...
+    started: _containers.RepeatedScalarFieldContainer[int]
+    pace_us: int
+    def __init__(self, results: _Optional[_Iterable[_Union[Result, _Mapping]]] = ..., started: _Optional[_Iterable[int]] = ..., pace_us: _Optional[int] = ...) -> None: ...
