@@ -27,26 +27,20 @@ PACE_WEIGHT: Final = 0.25
 
 class Stream(Incoming["Entry"]):
     """One Run call: the receiving half of its task stream
-    (:class:`~workers.protocol.stream.Incoming`), the tasks started whose
-    start is not written yet, the callables being found, and the task group
-    of its coroutine tasks and imports."""
+    (:class:`~workers.protocol.stream.Incoming`), the callables being found,
+    and the task group of its coroutine tasks and imports."""
 
     def __init__(self) -> None:
         super().__init__(MAX_STREAM_TASKS)
-        self.starting: list[Entry] = []  # started, the start not written
         self.group: asyncio.TaskGroup | None = None
         # Callables being found (by name and digest), and the tasks waiting.
         self.finding: dict[tuple[str, bytes], list[Entry]] = {}
-
-    def take_starting(self) -> list[Entry]:
-        starting, self.starting = self.starting, []
-        return starting
 
 
 @dataclass(eq=False, slots=True)
 class Entry:
     """A task this worker has taken and not yet answered: held (it may be
-    withdrawn), then started (it will run)."""
+    withdrawn), then started by a slot thread (it runs)."""
 
     task: Task
     stream: Stream
@@ -54,11 +48,9 @@ class Entry:
     fn: Callable[..., Any] | None = None  # what it calls, once found
     job: asyncio.Task[None] | None = None  # a coroutine function's run
     timer: asyncio.TimerHandle | None = None
-    started: bool = False  # given a slot: no withdrawal from now on
-    slot: bool = False  # counts against the slot threads (see WorkerService)
     coroutine: bool = False  # runs on the loop (cancellable while it runs)
     plain: bool = False  # handed to the slot threads
-    running: bool = False  # a slot thread has it (under the claim lock)
+    running: bool = False  # a slot thread started it (under the claim lock)
     answered: bool = False  # (plain tasks: set under the claim lock)
     stuck: bool = False  # answered while its thread still runs it
 

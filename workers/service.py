@@ -4,22 +4,21 @@ One :class:`WorkerService` per worker process; each ``Run`` call is one
 dispatcher connection, a stream of task batches in and result batches out.
 A task's life here::
 
-    read ──> held ──> started (id written back to the dispatcher) ──> run
+    read ──> held (its callable found) ──> started by a slot thread ──> run
          ──> answered (exactly once: result, failure, withdrawal, timeout)
 
-A task is *held* until a slot thread is free for it, in the order tasks
-came, whichever stream brought them: the dispatcher sends a worker only
-what hides one round trip ahead of its slots (its pace travels back with
-its results). A held task is still the dispatcher's: a cancel withdraws it
-(answered CANCELLED), which is how the dispatcher both cancels it and moves
-it to a worker that is free. Once a slot is free the loop *starts* it: from
-then on a cancel leaves it to run (a coroutine excepted, which is
-cancelled). Both are decided on the loop, so each task is exactly one of
-withdrawn or started. A started task runs only once the write that says so
-has gone out, so the dispatcher counts an attempt against a task only if
-it started here (a worker that dies under a task the dispatcher never
-heard of leaves that task's attempts untouched), and its client's future
-turns RUNNING.
+A plain task is *held* until a slot thread is free for it, in the order
+tasks came, whichever stream brought them: the dispatcher sends a worker
+only what hides one round trip ahead of its slots (the worker's pace
+travels back with its results). A held task is still the dispatcher's: a
+cancel withdraws it (answered CANCELLED), which is how the dispatcher both
+cancels a task and moves it to a worker that is free. A slot thread
+*starts* it; from then on a cancel leaves it to run. The thread's start
+and the loop's withdrawal are decided under one lock, so each task is
+exactly one of the two. Starts go back to the dispatcher batched with
+results (one wake-up of the loop for many), and its client's future turns
+RUNNING then. A coroutine function starts at once, on the loop, and stays
+cancellable while it runs.
 
 Each stream owns an :class:`asyncio.TaskGroup`: its reader, its coroutine
 tasks and the imports it waits for. When the caller hangs up, the group is
@@ -29,17 +28,17 @@ costs tens of microseconds). A thread cannot be interrupted: a plain task
 timed out while running is answered at once, but its thread stays busy
 until the call returns, and counts as *stuck*. The worker's advertised
 capacity shrinks with each stuck thread; with every thread stuck its
-status is ``"stuck"``, it hands back the plain tasks waiting for a thread
+status is ``"stuck"``, it hands back the tasks waiting for a thread
 (UNAVAILABLE: the dispatcher sends them elsewhere) and the supervisor
 replaces it after a grace period.
 
 Importing a task's module (the first time it is named, or again when
 ``--reload`` sees it changed), unpickling a function shipped by value (the
 first time its digest comes; each stream keeps the pickles it carried,
-:mod:`workers.protocol.shipping`) and unpickling large arguments of coroutine tasks
-run in daemon threads, never on the loop. A task that cannot be run as
-sent is answered alone with its precise status (see
-``proto/workers/worker.proto``); its stream goes on.
+:mod:`workers.protocol.shipping`) and unpickling large arguments of
+coroutine tasks run in daemon threads, never on the loop, while other
+tasks go on. A task that cannot be run as sent is answered alone with its
+precise status (see ``proto/workers/worker.proto``); its stream goes on.
 """
 
 from __future__ import annotations
@@ -51,7 +50,6 @@ import inspect
 import queue
 import threading
 import time
-from collections import deque
 from collections.abc import AsyncIterator, Callable
 from typing import Any, Final
 
@@ -105,9 +103,12 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
         self._plain: queue.SimpleQueue[Entry | None] = queue.SimpleQueue()
         self._claim = threading.Lock()  # a slot thread taking an entry vs. the loop
         self._offload = Offload("offload")  # imports, large arguments
-        # Plain tasks that ended, waiting for the loop: it takes them all in
-        # one callback, so a busy loop is woken once for many.
-        self._ended: list[tuple[Entry, Result | None, float]] = []
+        # Plain tasks that started, and that ended, waiting for the loop: it
+        # takes them all in one callback, so a busy loop is woken once for
+        # many (under the claim lock, with whether that callback is due).
+        self._starts: list[Entry] = []
+        self._ended: list[tuple[Entry, Result, float]] = []
+        self._loop_called = False
         self._slots = [
             threading.Thread(target=self._slot, name=f"task-{i}", daemon=True)
             for i in range(concurrency)
@@ -115,8 +116,6 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
         for slot in self._slots:
             slot.start()
         self._streams: set[Stream] = set()
-        self._held: deque[Entry] = deque()  # taken, not started, in order
-        self._occupied = 0  # started tasks that hold (or will) a slot thread
         self._idle = asyncio.Event()
         self._idle.set()
         self.draining = False
@@ -160,12 +159,9 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
             stream.outbox.close()
 
         async def write(batch: ResultBatch) -> None:
-            starting = stream.take_starting()  # exactly this batch's
             if batch.results:
                 batch.pace_us = self.pace.typical_us
             await context.write(batch)
-            for entry in starting:
-                self._begin(entry)
 
         try:
             async with asyncio.TaskGroup() as group:
@@ -177,8 +173,6 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
             self._streams.discard(stream)
             for entry in list(stream.entries.values()):  # nobody to answer now
                 self._answer(entry, None)
-            for entry in stream.take_starting():  # their start was never written
-                self._free_slot(entry)
 
     async def _read(self, requests: AsyncIterator[TaskBatch], stream: Stream) -> None:
         async for batch in requests:
@@ -187,11 +181,10 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
             for task_id in batch.cancel:  # after the tasks: a batch may hold both
                 if (entry := stream.entries.get(task_id)) is not None:
                     self._cancel(entry)
-            self._start_held()
             await stream.wait_for_room()
         stream.end_of_input()  # the dispatcher closed its side: finish, then end
 
-    # -- taking, holding and starting -------------------------------------------
+    # -- taking and holding ----------------------------------------------------
 
     @property
     def takes_tasks(self) -> bool:
@@ -219,14 +212,13 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
         if (fn := imports.found(task)) is None:
             self._find(entry)
         else:
-            _found(entry, fn)
-        self._held.append(entry)
+            self._launch(entry, fn)
         self._on_change()
 
     def _find(self, entry: Entry) -> None:
         """Find a held task's callable in a thread (an import may take long,
-        and other tasks start meanwhile), once for all the stream's tasks
-        that name it."""
+        and other tasks run meanwhile), once for all the stream's tasks that
+        name it."""
         stream, task = entry.stream, entry.task
         key = (task.function, task.digest)
         if (waiting := stream.finding.get(key)) is not None:
@@ -246,62 +238,24 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
                 self._answer(entry, failed(entry.task.id, codec.failure_of(exc)))
             return
         for entry in stream.finding.pop(key):
-            _found(entry, fn)
-        self._start_held()
-
-    def _start_held(self) -> None:
-        """Start held tasks whose callable is found, in order, while a slot
-        thread is free for each (a coroutine needs none); their start goes
-        out with the next write."""
-        held = self._held
-        unfound: list[Entry] = []  # keep their places
-        while held:
-            entry = held[0]
-            if entry.answered:  # withdrawn, or its stream ended
-                held.popleft()
-                continue
-            if entry.fn is None:
-                unfound.append(held.popleft())
-                continue
-            if not entry.coroutine:
-                if self._occupied >= self.concurrency:
-                    break
-                self._occupied += 1
-                entry.slot = True
-            held.popleft()
-            entry.started = True
-            entry.stream.outbox.start(entry.task.id)
-            entry.stream.starting.append(entry)
-        held.extendleft(reversed(unfound))
-
-    def _free_slot(self, entry: Entry) -> None:
-        """``entry`` holds its slot thread no more: start the next held task."""
-        if entry.slot:
-            entry.slot = False
-            self._occupied -= 1
-            self._start_held()
-
-    def _begin(self, entry: Entry) -> None:
-        """Run a task whose start has been written."""
-        if entry.answered:
-            self._free_slot(entry)  # its stream ended meanwhile
-        else:
-            assert entry.fn is not None, "started before its callable was found"
-            self._launch(entry, entry.fn)
+            if not entry.answered:
+                self._launch(entry, fn)
 
     def _launch(self, entry: Entry, fn: Callable[..., Any]) -> None:
+        """Start a coroutine task; hand a plain one to the slot threads."""
         task = entry.task
         if task.chunk:
             fn = functools.partial(codec.run_chunk, fn)
+        elif inspect.iscoroutinefunction(fn):
+            entry.coroutine = True
         entry.fn, entry.code = fn, b""
-        if task.timeout_s > 0:
-            entry.timer = self._loop.call_later(task.timeout_s, self._time_out, entry)
         if entry.coroutine:
+            entry.stream.outbox.start(task.id)
+            self._time_limit(entry)
             assert entry.stream.group is not None
             entry.job = entry.stream.group.create_task(self._run_coroutine(entry, fn))
         elif self.free_threads == 0:  # every thread is stuck: let another worker
             self._answer(entry, failed(task.id, codec.rejected(_ALL_STUCK)))
-            self._free_slot(entry)
         else:
             entry.plain = True
             self._plain.put(entry)
@@ -326,39 +280,54 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
         self._answer(entry, result)
 
     def _slot(self) -> None:
-        """A slot thread: run plain tasks one after another."""
+        """A slot thread: start and run plain tasks one after another."""
         while (entry := self._plain.get()) is not None:
-            result: Result | None = None
-            elapsed = 0.0
             with self._claim:
-                # (Answered before it ran: timed out, handed back, or its
-                # stream ended. The loop still hears of it, to free its slot.)
-                entry.running = not entry.answered
-            if entry.running:
-                started = time.perf_counter()
-                result = run_plain(entry, self._max_args_bytes)
-                elapsed = time.perf_counter() - started
+                if entry.answered:
+                    continue  # withdrawn, handed back, or its stream ended
+                entry.running = True  # started: no withdrawal from now on
+                self._starts.append(entry)
+                call = self._call_loop_locked()
+            if call:
+                self._call_loop()
+            started = time.perf_counter()
+            result = run_plain(entry, self._max_args_bytes)
+            elapsed = time.perf_counter() - started
             with self._claim:
                 entry.running = False
-                first = not self._ended
                 self._ended.append((entry, result, elapsed))
-            if first:
-                with contextlib.suppress(RuntimeError):  # the loop closed: exiting
-                    self._loop.call_soon_threadsafe(self._take_ended)
+                call = self._call_loop_locked()
+            if call:
+                self._call_loop()
 
-    def _take_ended(self) -> None:
+    def _call_loop_locked(self) -> bool:
+        """(Under the claim lock.) Whether to call the loop for the news."""
+        call, self._loop_called = not self._loop_called, True
+        return call
+
+    def _call_loop(self) -> None:
+        with contextlib.suppress(RuntimeError):  # the loop closed: exiting
+            self._loop.call_soon_threadsafe(self._take_news)
+
+    def _take_news(self) -> None:
+        """Report the starts, then settle the ends, that the threads posted."""
         with self._claim:
+            starts, self._starts = self._starts, []
             ended, self._ended = self._ended, []
+            self._loop_called = False
+        for entry in starts:
+            if not entry.answered:
+                entry.stream.outbox.start(entry.task.id)
+                self._time_limit(entry)
         for entry, result, elapsed in ended:
             self._plain_done(entry, result, elapsed)
-        self._start_held()
 
-    def _plain_done(self, entry: Entry, result: Result | None, elapsed: float) -> None:
-        if entry.slot:  # (the caller starts the next held tasks, once for all)
-            entry.slot = False
-            self._occupied -= 1
-        if result is None:
-            return  # it never ran
+    def _time_limit(self, entry: Entry) -> None:
+        """A started task's time limit runs from now."""
+        if (limit := entry.task.timeout_s) > 0:
+            entry.timer = self._loop.call_later(limit, self._time_out, entry)
+
+    def _plain_done(self, entry: Entry, result: Result, elapsed: float) -> None:
         self.pace.note(elapsed)
         if entry.stuck:  # its answer went long ago; the thread is free again
             entry.stuck = False
@@ -373,11 +342,12 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
     def _cancel(self, entry: Entry) -> None:
         """Withdraw a held task; cancel a running coroutine; a started plain
         task runs on (its start was, or is being, reported)."""
-        if entry.started and not entry.coroutine:
-            return
-        if entry.job is not None:
+        cancelled = failed(entry.task.id, codec.cancelled())
+        if entry.coroutine and entry.job is not None:
             entry.job.cancel()
-        self._answer(entry, failed(entry.task.id, codec.cancelled()))
+            self._answer(entry, cancelled)
+        else:
+            self._answer(entry, cancelled, withdraw=True)
 
     def _time_out(self, entry: Entry) -> None:
         if entry.job is not None:
@@ -393,11 +363,14 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
                     failure = codec.rejected(_ALL_STUCK)
                     self._answer(entry, failed(entry.task.id, failure))
 
-    def _answer(self, entry: Entry, result: Result | None) -> None:
-        """Settle a task once: send ``result`` (None: nobody to send it to)."""
+    def _answer(
+        self, entry: Entry, result: Result | None, *, withdraw: bool = False
+    ) -> None:
+        """Settle a task once: send ``result`` (None: nobody to send it to);
+        with ``withdraw``, only if no slot thread has started it."""
         if entry.plain:
             with self._claim:  # decide against a slot thread taking it now
-                if entry.answered:
+                if entry.answered or (withdraw and entry.running):
                     return
                 entry.answered = True
                 entry.stuck = entry.running
@@ -419,9 +392,3 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
             if self.free_threads == 0:
                 self._hand_back()
         self._on_change()
-
-
-def _found(entry: Entry, fn: Callable[..., Any]) -> None:
-    """A held task's callable is known: so is whether it needs a slot."""
-    entry.fn = fn
-    entry.coroutine = not entry.task.chunk and inspect.iscoroutinefunction(fn)

@@ -6,6 +6,7 @@ work, memory and the replacement of a killed worker.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import os
 import random
@@ -66,9 +67,26 @@ def submit_rate(executor: Executor, tasks: int) -> float:
     return tasks / (time.perf_counter() - started)
 
 
-def map_rate(executor: Executor, tasks: int) -> float:
+# ProcessPoolExecutor.map's chunksize where the peers chunk (theirs is 1
+# by default); multiprocessing.Pool.map picks its own (n / (4 x workers)).
+PEER_CHUNKSIZE: Final = 1000
+
+
+def map_rate(executor: Executor, tasks: int, *, chunked: bool) -> float:
+    """Calls a second through ``map``: ours with its defaults; the peers
+    chunked (``chunked``: ``Pool.map`` with its own chunks, and
+    ``ProcessPoolExecutor.map(chunksize=PEER_CHUNKSIZE)``) or with theirs
+    (``Pool.imap``, chunksize 1, and ``ProcessPoolExecutor.map``)."""
+    calls = range(tasks)
     started = time.perf_counter()
-    count = sum(1 for _ in executor.map(noop, range(tasks)))
+    if isinstance(executor, MpAdapter):
+        pool = executor.pool
+        results = pool.map(noop, calls) if chunked else pool.imap(noop, calls)
+    elif isinstance(executor, concurrent.futures.ProcessPoolExecutor) and chunked:
+        results = executor.map(noop, calls, chunksize=PEER_CHUNKSIZE)
+    else:
+        results = executor.map(noop, calls)
+    count = sum(1 for _ in results)
     elapsed = time.perf_counter() - started
     assert count == tasks
     return tasks / elapsed

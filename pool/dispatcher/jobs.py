@@ -44,6 +44,9 @@ class Link(Protocol):
     in_flight: dict[int, Job]  # by the dispatcher's task id
     done: int
     dropped: bool  # discovery dropped the worker; its stream may still finish
+    pace_s: float  # how long its tasks run (0: not known yet)
+    rtt_s: float  # a round trip to it
+    answered_at: float  # when it last answered (or was sent work, idle)
 
     @property
     def ready(self) -> bool: ...
@@ -84,11 +87,12 @@ class Job:
     sent_at: float = 0.0  # when it was written to its current link
     finished: bool = False  # answered (or cancelled while queued)
 
-    def lost(self, info: WorkerInfo) -> bool:
+    def lost(self, info: WorkerInfo, may_have_started: bool) -> bool:
         """Its worker (``info``) was lost: an attempt if it had started there
-        (it may have run), else a loss untaken. Whether it had started."""
+        or ``may_have_started`` (its start report may not have left), else a
+        loss untaken. Whether it counted an attempt."""
         self.withdrawing = None
-        taken, self.started = self.started, False
+        taken, self.started = self.started or may_have_started, False
         if taken:
             self.attempts += 1
             self.lost_on.append(info)

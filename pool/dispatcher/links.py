@@ -62,6 +62,7 @@ class WorkerLink:
         self.dropped = False
         self.pace_s = 0.0  # how long its tasks run (0: not known yet)
         self.rtt_s = FIRST_RTT_S
+        self.answered_at = 0.0
         self._connected = False  # the stream reached the worker
         self._ended = False
         self._events = events
@@ -110,6 +111,8 @@ class WorkerLink:
         job.link = self
         job.started = False
         job.withdrawing = None
+        if not self.in_flight:  # idle until now: its answers are not late
+            self.answered_at = time.monotonic()
         job.task.attempt = job.attempts + 1
         self.in_flight[job.task.id] = job
         self._outgoing.add(job, job.code)
@@ -180,6 +183,7 @@ class WorkerLink:
                     self._time_round_trip(batch.started[0])
                     events.on_started(self, batch.started)
                 if batch.results:
+                    self.answered_at = time.monotonic()
                     if batch.pace_us:
                         self.pace_s = batch.pace_us * 1e-6
                     events.on_results(self, batch.results)

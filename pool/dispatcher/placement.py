@@ -158,12 +158,18 @@ class Router:
 
     def _requeue(self, link: Link) -> None:
         jobs, link.in_flight = list(link.in_flight.values()), {}
+        # A worker starts tasks in the order it got them and reports starts
+        # after the fact: as many of the first unreported ones as it had
+        # slots free may have run.
+        free = link.slots - sum(job.started for job in jobs)
+        unreported = [job for job in jobs if not job.started and not job.finished]
+        maybe = set(unreported[: max(free, 0)])
         for job in reversed(jobs):  # keep their order at the queue's front
             job.link = None
             self._withdrawals.forget(job)
             if job.finished:
                 continue
-            taken = job.lost(link.info)
+            taken = job.lost(link.info, job in maybe)
             if job.attempts >= self._max_attempts:
                 if self._roster.closed:  # no time to wait for how the last one died
                     self._fail(job, self._lost_error(job))

@@ -4,7 +4,9 @@ A worker is sent a little ahead of its free slots (to hide a round trip),
 and what it holds unstarted stays the router's. This module asks for such
 tasks back, for two reasons: to *move* them, when the router's queue is
 empty and some worker has a slot with nothing for it (:meth:`steal`), and
-to *stop* them, when the pool drains (:meth:`take_back_all`). A task not
+to *stop* them, when the pool drains (:meth:`take_back_all`). A holder
+whose tasks are far shorter than a round trip, and that answered within
+one, is left alone: what it holds will have run before a steal arrives. A task not
 yet written to its worker comes back at once; one written is asked back
 with a cancel, and the worker answers exactly one of "withdrawn"
 (CANCELLED) or "started" (the task runs there, and the ask is forgotten).
@@ -14,6 +16,7 @@ what comes back; on the dispatcher's loop, no I/O of its own.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterable
 
 from pool.dispatcher.jobs import Job, Link
@@ -35,9 +38,16 @@ class Withdrawals:
         idle link can run it; what an ask in flight will bring counts. The
         tasks that came back at once (not written yet) are returned."""
         wanted = sum(k.slots - len(k.in_flight) for k in idle) - len(self.asked)
+        if wanted <= 0:
+            return []
+        now = time.monotonic()
         back: list[Job] = []
         for holder in sorted(holders, key=_excess, reverse=True):
             waiting = _excess(holder)
+            if waiting <= 0:
+                break
+            if _keeps_up(holder, now):
+                continue
             for job in reversed(list(holder.in_flight.values())):
                 if wanted <= 0 or waiting <= 0:
                     break
@@ -70,6 +80,12 @@ class Withdrawals:
             job.withdrawing = "requeue"
             self.asked.add(job)
             link.cancel(job.task.id)
+
+
+def _keeps_up(link: Link, now: float) -> bool:
+    """Whether what ``link`` holds will have run before a steal arrives:
+    its tasks are shorter than a round trip, and it answered within one."""
+    return 0 < link.pace_s < link.rtt_s and now - link.answered_at < link.rtt_s
 
 
 def _excess(link: Link) -> int:

@@ -37,6 +37,7 @@ class FakeLink:
         self.unwritten: list[Job] = []  # sent, not yet written
         self.cancels: list[int] = []
         self.ahead = 0  # what it may hold past its slots
+        self.pace_s, self.rtt_s, self.answered_at = 0.0, 0.001, 0.0
         self._ended = asyncio.Event()
 
     @property
@@ -204,12 +205,14 @@ async def test_tags_choose_the_worker_and_untagged_workers_wait() -> None:
         assert w.submit(("tpu",)).link is None
 
 
-async def test_a_task_counts_an_attempt_only_if_its_worker_took_it() -> None:
-    """A worker lost with a task it had taken costs that task an attempt; a
-    task it never took (sent to a worker already dead) costs none. The
-    attempt number travels with the task."""
+async def test_a_task_counts_an_attempt_only_if_it_may_have_run() -> None:
+    """A worker lost with a task it had started costs that task an attempt,
+    and so does one it may have started (a slot was free for it, and its
+    start report may not have left); a task it held behind a busy slot costs
+    none. The attempt number travels with the task."""
     async with world() as w:
-        a = w.add("a", capacity=2)
+        a = w.add("a", capacity=1)
+        a.ahead = 1
         taken, untaken = w.submit(), w.submit()
         a.write()
         a.start(taken)
@@ -221,6 +224,11 @@ async def test_a_task_counts_an_attempt_only_if_its_worker_took_it() -> None:
         b = w.add("b", capacity=2)
         assert taken.link is b and taken.task.attempt == 2
         assert untaken.link is b and untaken.task.attempt == 1
+        b.write()
+        b.start(taken)
+        b.close()  # untaken had a free slot there: it may have run
+        await settle()
+        assert (taken.attempts, untaken.attempts) == (2, 1)
 
 
 async def test_a_task_that_kills_every_worker_fails_after_max_attempts() -> None:
@@ -244,13 +252,17 @@ async def test_a_task_that_kills_every_worker_fails_after_max_attempts() -> None
 
 
 async def test_a_task_never_taken_is_not_retried_forever() -> None:
-    """A task whose workers all die before taking it fails after
-    MAX_UNTAKEN_LOSSES, rather than bouncing for ever."""
+    """A task whose workers all die before it could start (their one slot
+    busy with another task) fails after MAX_UNTAKEN_LOSSES, rather than
+    bouncing for ever."""
     async with world() as w:
         job = w.submit()
         for round_ in range(MAX_UNTAKEN_LOSSES):
             link = w.add(f"w{round_}", capacity=1)
+            link.ahead = 1
+            w.submit()  # (another task, which takes the slot)
             link.write()
+            link.start(next(j for j in link.in_flight.values() if j is not job))
             link.close()
             await settle()
         error = w.owner.error(job.client_id)
