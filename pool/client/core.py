@@ -28,8 +28,9 @@ PROBE_CALLS: Final = 8
 PROBE_WAIT_S: Final = 0.05
 PROBE_MAX_S: Final = 1.0
 # then the rest go in chunks that run about this long in the worker (a task
-# costs about 0.2 ms of CPU over the three processes it crosses),
-CHUNK_TARGET_S: Final = 0.002
+# costs about 0.2 ms of CPU over the three processes it crosses, and a
+# one-call probe overstates a short call many times over),
+CHUNK_TARGET_S: Final = 0.02
 # and in at least this many chunks, so that every worker gets its share,
 MIN_CHUNKS: Final = 64
 # each carrying about this many bytes of arguments at most.
@@ -153,18 +154,32 @@ def auto_chunksize(
     return max(1, min(size, calls // MIN_CHUNKS))
 
 
-def _call_bytes(calls: list[tuple[Any, ...]]) -> int:
+Columns = list[list[Any]]  # a map's arguments, one list per iterable
+
+
+def _call_bytes(columns: Columns) -> int:
     """The pickled size of the last call's arguments, as a sample (0 if they
     do not pickle: the chunk that holds them will fail as they would)."""
     try:
-        return len(pickle.dumps(calls[-1], pickle.HIGHEST_PROTOCOL)) if calls else 0
+        last = tuple(column[-1] for column in columns)
+        return len(pickle.dumps(last, pickle.HIGHEST_PROTOCOL)) if last else 0
     except Exception:
         return 0
 
 
-def _slices(calls: list[Any], start: int, size: int) -> Iterator[list[Any]]:
-    for at in range(start, len(calls), size):
-        yield calls[at : at + size]
+def _columns(iterables: tuple[Iterable[Any], ...]) -> Columns:
+    """A map's arguments by position, as long as its shortest iterable."""
+    if len(iterables) == 1:
+        return [list(iterables[0])]
+    calls = list(zip(*iterables, strict=False))
+    return [list(column) for column in zip(*calls, strict=True)] if calls else []
+
+
+def _slices(columns: Columns, start: int, size: int) -> Iterator[tuple[Columns]]:
+    """Each chunk's task arguments: its slice of every column."""
+    calls = len(columns[0]) if columns else 0
+    for at in range(start, calls, size):
+        yield ([column[at : at + size] for column in columns],)
 
 
 class MapPlan:
@@ -172,8 +187,10 @@ class MapPlan:
 
     One task per call with ``chunksize=1``, and by default under a per-task
     time limit (so that the limit stays per call). Else in chunks (a task
-    whose callable runs once per call, :func:`workers.protocol.codec.run_chunk`):
-    of ``chunksize`` calls, or, by default, adaptive: the first
+    whose callable runs once per call,
+    :func:`workers.protocol.codec.run_chunk`), each carrying its slice of
+    every argument's values as one pickle (a list per iterable, not a tuple
+    per call): of ``chunksize`` calls, or, by default, adaptive: the first
     :data:`PROBE_CALLS` calls one per chunk, whose first answer says how
     long a call runs (:func:`auto_chunksize`), then the rest.
 
@@ -194,23 +211,25 @@ class MapPlan:
         self.chunked = chunksize != 1
         self.adaptive = chunksize is None
         self._size = chunksize
-        self._calls = list(zip(*iterables, strict=False))
+        self._columns = _columns(iterables)
+        self._calls = len(self._columns[0]) if self._columns else 0
 
     def first(self) -> list[tuple[Any, ...]]:
         """The arguments of the tasks to send now: every call (one per
         task), every chunk, or the probes of an adaptive plan."""
         if not self.chunked:
-            return self._calls
+            return list(zip(*self._columns, strict=True))
         if self._size is None:
-            return [([call],) for call in self._calls[:PROBE_CALLS]]
-        return [(chunk,) for chunk in _slices(self._calls, 0, self._size)]
+            return list(itertools.islice(_slices(self._columns, 0, 1), PROBE_CALLS))
+        return list(_slices(self._columns, 0, self._size))
 
     def rest(self, per_call_s: float | None) -> list[tuple[Any, ...]]:
         """An adaptive plan's other chunks, once the probes took
         ``per_call_s`` a call (None: not known in time)."""
         if not self.adaptive:
             return []
-        probed = min(PROBE_CALLS, len(self._calls))
-        left = len(self._calls) - probed
-        size = auto_chunksize(per_call_s, left, _call_bytes(self._calls))
-        return [(chunk,) for chunk in _slices(self._calls, probed, size)]
+        probed = min(PROBE_CALLS, self._calls)
+        size = auto_chunksize(
+            per_call_s, self._calls - probed, _call_bytes(self._columns)
+        )
+        return list(_slices(self._columns, probed, size))

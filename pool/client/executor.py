@@ -240,5 +240,13 @@ def _result_or_cancel(
 
 
 def _flatten(chunks: Iterator[codec.ChunkResult]) -> Iterator[Any]:
+    """Each chunk's values in order, each let go of once yielded."""
     for chunk in chunks:
-        yield from codec.chunk_items(chunk)
+        if chunk.failures:
+            yield from codec.chunk_items(chunk)
+            continue
+        values = chunk.values  # (chunk_items, inline: a generator less a value)
+        values.reverse()
+        pop = values.pop
+        while values:
+            yield pop()

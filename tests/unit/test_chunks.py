@@ -33,10 +33,21 @@ def test_there_are_always_enough_chunks_to_share() -> None:
 
 
 def test_a_chunk_keeps_each_calls_value_and_exception() -> None:
-    chunk = codec.run_chunk(sample_tasks.fail_on, [(2, 1), (2, 2), (2, 3)])
+    # (fail_on(2, x) for x in 1, 2, 3: one list per argument.)
+    chunk = codec.run_chunk(sample_tasks.fail_on, [[2, 2, 2], [1, 2, 3]])
     assert chunk.values == [1, None, 3] and list(chunk.failures) == [1]
     items = codec.chunk_items(chunk)
     assert next(items) == 1
     with pytest.raises(ValueError, match="2 is bad") as raised:
         next(items)
     assert isinstance(raised.value.__cause__, RemoteTraceback)
+
+
+def test_a_chunk_goes_on_past_every_call_that_raises() -> None:
+    """Calls that raise, first, last and side by side, each keep their
+    exception at their own position, and every other call runs."""
+    chunk = codec.run_chunk(sample_tasks.fail_on, [[0] * 2 + [3] * 3, range(5)])
+    assert chunk.values == [None, 1, 2, None, 4]
+    assert sorted(chunk.failures) == [0, 3]
+    empty = codec.run_chunk(sample_tasks.fail_on, [[], []])
+    assert empty.values == [] and not empty.failures

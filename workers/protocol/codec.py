@@ -23,7 +23,7 @@ import math
 import pickle
 import time
 import traceback
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, Final, NamedTuple
 
 import grpc
@@ -209,29 +209,35 @@ class ChunkResult(NamedTuple):
     failures: dict[int, bytes]
 
 
-def run_chunk(fn: Callable[..., Any], calls: list[tuple[Any, ...]]) -> ChunkResult:
-    """Run ``fn`` over many argument tuples as one task (``map``'s chunks,
-    a Task with ``chunk`` set). Every call runs, as it would as a task of
-    its own, and each keeps its own value or exception."""
-    started = time.perf_counter()
+def run_chunk(fn: Callable[..., Any], columns: Sequence[Sequence[Any]]) -> ChunkResult:
+    """Run ``fn`` over many calls as one task (``map``'s chunks, a Task with
+    ``chunk`` set): ``columns`` holds each positional argument's values, one
+    sequence per iterable of the map, so the calls are
+    ``fn(*column_values)`` in order (``map(fn, *columns)``: the calls run in
+    C while none raises). Every call runs, as it would as a task of its own,
+    and each keeps its own value or exception."""
     values: list[Any] = []
     failures: dict[int, bytes] = {}
     if inspect.iscoroutinefunction(fn):
 
         async def run_all() -> None:
-            for args in calls:
+            for args in zip(*columns, strict=True):
                 try:
                     values.append(await fn(*args))
                 except Exception as exc:
                     failures[len(values)] = failure_of(exc).SerializeToString()
                     values.append(None)
 
+        started = time.perf_counter()
         asyncio.run(run_all())
     else:
-        for args in calls:
+        started = time.perf_counter()
+        calls = map(fn, *columns)
+        while True:
             try:
-                values.append(fn(*args))
-            except Exception as exc:
+                values.extend(calls)  # (what ran before a raise stays)
+                break
+            except Exception as exc:  # one call raised: note it, go on
                 failures[len(values)] = failure_of(exc).SerializeToString()
                 values.append(None)
     return ChunkResult(time.perf_counter() - started, values, failures)
@@ -243,6 +249,10 @@ def chunk_items(chunk: ChunkResult) -> Iterator[Any]:
     go of once yielded."""
     values, failures = chunk.values, chunk.failures
     values.reverse()
+    if not failures:  # (the common case: no position to look up)
+        while values:
+            yield values.pop()
+        return
     position = 0
     while values:
         value = values.pop()
