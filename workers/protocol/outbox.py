@@ -45,6 +45,7 @@ class Outbox:
         """
         while True:
             await self._ready.wait()
+            await asyncio.sleep(0)  # what else is ready joins the batch
             self._ready.clear()
             if self._results or self._started:
                 batch = ResultBatch(results=self._results, started=self._started)

@@ -120,6 +120,7 @@ class Outgoing(Generic[Item]):
                     return
                 self.wake.clear()
                 await self.wake.wait()
+                await asyncio.sleep(0)  # what else is ready joins the message
                 continue
             parts = self.take()
             try:
