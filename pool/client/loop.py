@@ -155,14 +155,18 @@ class LoopThread:
         """Wait (any thread but the loop's, which a wait would stop) until
         fewer than ``max_pending`` futures are pending or on their way in,
         and take room for one more: :meth:`submit` or :meth:`release` it."""
+        if self._max_pending is None:
+            return  # (no bound: no room to count, and no lock taken)
         with self._room:
-            if self._max_pending is not None and not self._on_loop():
+            if not self._on_loop():
                 while len(self.outstanding) + self._reserved >= self._max_pending:
                     self._room.wait()
             self._reserved += 1
 
     def release(self) -> None:
         """Give back room :meth:`reserve` took, for a future not submitted."""
+        if self._max_pending is None:
+            return
         with self._room:
             self._reserved -= 1
             self._room.notify()
@@ -179,7 +183,8 @@ class LoopThread:
         """Send a task whose room :meth:`reserve` took (any thread)."""
         handler = FutureHandler(future)
         with self._lock:
-            self._reserved -= 1
+            if self._max_pending is not None:
+                self._reserved -= 1
             if self._crashed is not None:
                 self._room.notify()
                 future.set_exception(self._crashed)

@@ -8,7 +8,7 @@ carry). A link's end is the end of its ``run``.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Literal, Protocol
 
 from discovery import WorkerInfo
@@ -77,7 +77,7 @@ class Job:
     code: bytes = b""  # its function's pickle, if it ships one (see shipping)
     attempts: int = 0  # workers lost after it had started there
     untaken_losses: int = 0  # workers lost before it started there
-    lost_on: list[WorkerInfo] = field(default_factory=list)
+    lost_on: tuple[WorkerInfo, ...] = ()  # (a tuple: no list per task)
     unplaceable_since: float | None = None
     link: Link | None = None
     started: bool = False  # its current link's worker started it
@@ -95,7 +95,7 @@ class Job:
         taken, self.started = self.started or may_have_started, False
         if taken:
             self.attempts += 1
-            self.lost_on.append(info)
+            self.lost_on += (info,)
         else:
             self.untaken_losses += 1
         return taken
