@@ -23,9 +23,8 @@ it had not counts none. At ``max_attempts`` the task fails with
 :class:`~pool.errors.WorkerLost`, which says how each worker died; one
 lost unstarted :data:`MAX_UNTAKEN_LOSSES` times fails too.
 
-Bounds. At most ``max_queued`` tasks wait (:attr:`Router.room`). A task
-with no matching ready worker fails with
-:class:`~pool.errors.NoWorkerAvailable` after ``no_worker_timeout_s``.
+Bounds. At most ``max_queued`` tasks wait (``Router.queue.room``); one with
+no matching ready worker fails after ``no_worker_timeout_s``.
 
 Stopping. :meth:`Router.stop_taking` (the pool drains) fails with
 :class:`~pool.errors.PoolStopping` every task not started (queued, or held
@@ -33,9 +32,8 @@ by a worker, which gives it back) and every task submitted later; started
 ones finish and are delivered. :meth:`Router.finish` waits a bounded time
 for them, then fails the rest.
 
-Every background task (the links, the expiry ticker, graces, failures that
-wait for an exit report) runs in the task group the router holds while it
-is entered (``async with Router(...) as router``).
+Every background task (links, ticker, graces, failures that wait for an
+exit report) runs in the router's task group (``async with Router(...)``).
 """
 
 from __future__ import annotations
@@ -233,11 +231,6 @@ class Router:
     def queued(self) -> int:
         """Tasks waiting for a worker."""
         return self.queue.waiting
-
-    @property
-    def room(self) -> asyncio.Event:
-        """Set while the queue has room (see :class:`TaskQueue`)."""
-        return self.queue.room
 
     def cancel(self, job: Job) -> None:
         """Cancel a task: at once if no worker has it, else through its worker."""

@@ -74,7 +74,7 @@ class ClientStream(Incoming[Job]):
                     router.cancel(cancelled)
             # (Not read while full, nor while the router's queue is: gRPC
             # flow control then holds the client.)
-            await self.wait_for_room(router.room)
+            await self.wait_for_room(router.queue.room)
         self.end_of_input()
 
     def abandon(self) -> None:

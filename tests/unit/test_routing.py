@@ -357,11 +357,11 @@ async def test_the_queue_bound_clears_room_until_tasks_leave() -> None:
     reading); it is set again as soon as one leaves the queue."""
     async with world(max_queued=3) as w:
         jobs = [w.submit() for _ in range(3)]
-        assert not w.router.room.is_set()
+        assert not w.router.queue.room.is_set()
         w.router.cancel(jobs[0])
-        assert w.router.room.is_set()
+        assert w.router.queue.room.is_set()
         w.add("a", capacity=5)
-        assert w.router.queued == 0 and w.router.room.is_set()
+        assert w.router.queued == 0 and w.router.queue.room.is_set()
 
 
 async def test_a_task_with_no_matching_worker_expires() -> None:
