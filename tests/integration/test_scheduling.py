@@ -21,6 +21,7 @@ from pool import Client, Pool
 from pool.dispatcher_pb2 import ListWorkersRequest
 from tests import sample_tasks
 from tests.helpers import wait_until
+from tests.pools import running_pool
 from tests.rpc import dispatcher_stub
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
@@ -100,6 +101,19 @@ def test_a_fresh_pool_runs_its_first_two_tasks_at_once(gates: Path) -> None:
     Regression: Pool.__enter__ returned before the dispatcher had linked
     the second worker, so both went to the first."""
     with Pool(workers=2) as client:
+        a = client.submit(sample_tasks.meet, str(gates), "a", "b")
+        b = client.submit(sample_tasks.meet, str(gates), "b", "a")
+        assert _all_done([a, b]), "the two tasks did not run at once"
+        assert (a.result(), b.result()) == ("a", "b")
+
+
+def test_pool_up_is_ready_only_once_every_worker_is_linked(
+    namespace: str, gates: Path
+) -> None:
+    """The first two tasks a client sends to `pool up --workers 2` as soon
+    as it says `ready` run at once, one on each worker (each waits until
+    both have started)."""
+    with running_pool(namespace, "--workers", "2"), Client(namespace) as client:
         a = client.submit(sample_tasks.meet, str(gates), "a", "b")
         b = client.submit(sample_tasks.meet, str(gates), "b", "a")
         assert _all_done([a, b]), "the two tasks did not run at once"
