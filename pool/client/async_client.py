@@ -115,7 +115,8 @@ class AsyncClient:
         )
         chunked = plan.chunked
         ref = self._submissions.reference(fn)
-        sent = [self._send(ref, args, {}, chunk=chunked) for args in plan.first()]
+        first = plan.first(self._submissions.per_call_s(ref))
+        sent = [self._send(ref, args, {}, chunk=chunked) for args in first]
         if plan.adaptive:
             per_call_s = await _time_per_call_async([a for _, a in sent])
             sent += [self._send(ref, a, {}, chunk=True) for a in plan.rest(per_call_s)]
@@ -126,6 +127,7 @@ class AsyncClient:
                 if not chunked:
                     yield value
                 else:
+                    self._submissions.timed(ref, value)
                     for item in codec.chunk_items(value):
                         yield item
         finally:

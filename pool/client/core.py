@@ -31,10 +31,13 @@ PROBE_MAX_S: Final = 1.0
 # costs about 0.2 ms of CPU over the three processes it crosses, and a
 # one-call probe overstates a short call many times over),
 CHUNK_TARGET_S: Final = 0.02
-# and in at least this many chunks, so that every worker gets its share,
-MIN_CHUNKS: Final = 64
-# each carrying about this many bytes of arguments at most.
+# and in at least this many chunks, so that every worker gets its share
+# (multiprocessing.Pool.map makes 4 a worker: 32 for 8),
+MIN_CHUNKS: Final = 32
+# each carrying about this many bytes of arguments at most. A chunk of at
+# least MIN_TIMED_CALLS calls times a call for the next map of its callable.
 MAX_CHUNK_BYTES: Final = 1 << 20
+MIN_TIMED_CALLS: Final = 16
 
 
 def outcome(result: Result) -> Any:
@@ -66,6 +69,20 @@ class Submissions:
         self.timeout_s = task_timeout_s or 0.0
         self._ids = itertools.count(1)
         self._ship_modules = tuple(_ship(module) for module in ship_modules)
+        # How long one call of each callable ran in a map's last chunk (by
+        # name, or digest): a later map of it skips the probes.
+        self._per_call_s: dict[str | bytes, float] = {}
+
+    def per_call_s(self, ref: shipping.Reference) -> float | None:
+        """How long a call of ``ref`` ran in an earlier map, if known."""
+        return self._per_call_s.get(ref.name or ref.digest)
+
+    def timed(self, ref: shipping.Reference, chunk: codec.ChunkResult) -> None:
+        """Note how long a chunk's calls ran (one of many calls, that is:
+        a probe's single call overstates it many times over)."""
+        if len(chunk.values) >= MIN_TIMED_CALLS:
+            per_call = chunk.elapsed_s / len(chunk.values)
+            self._per_call_s[ref.name or ref.digest] = per_call
 
     def reference(self, fn: Callable[..., Any] | str) -> shipping.Reference:
         """How ``fn`` travels (pickled once here if by value).
@@ -214,11 +231,17 @@ class MapPlan:
         self._columns = _columns(iterables)
         self._calls = len(self._columns[0]) if self._columns else 0
 
-    def first(self) -> list[tuple[Any, ...]]:
+    def first(self, per_call_s: float | None = None) -> list[tuple[Any, ...]]:
         """The arguments of the tasks to send now: every call (one per
-        task), every chunk, or the probes of an adaptive plan."""
+        task), every chunk, or the probes of an adaptive plan; with
+        ``per_call_s`` (known from an earlier map), every chunk of an
+        adaptive plan, sized by it, and no probe."""
         if not self.chunked:
             return list(zip(*self._columns, strict=True))
+        if self.adaptive and per_call_s is not None:
+            self.adaptive = False
+            size = auto_chunksize(per_call_s, self._calls, _call_bytes(self._columns))
+            return list(_slices(self._columns, 0, size))
         if self._size is None:
             return list(itertools.islice(_slices(self._columns, 0, 1), PROBE_CALLS))
         return list(_slices(self._columns, 0, self._size))

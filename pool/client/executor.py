@@ -21,6 +21,7 @@ see them twice.
 from __future__ import annotations
 
 import concurrent.futures
+import functools
 import threading
 import time
 import weakref
@@ -167,12 +168,15 @@ class Client(concurrent.futures.Executor):
             failed.set_exception(exc)
             return _in_order([failed], deadline)
         chunk = plan.chunked
-        futures = [self._send(ref, args, {}, chunk=chunk) for args in plan.first()]
+        first = plan.first(self._submissions.per_call_s(ref))
+        futures = [self._send(ref, args, {}, chunk=chunk) for args in first]
         if plan.adaptive:
             rest = plan.rest(_time_per_call(futures))
             futures += [self._send(ref, args, {}, chunk=True) for args in rest]
         results = _in_order(futures, deadline)
-        return _flatten(results) if chunk else results
+        if not chunk:
+            return results
+        return _flatten(results, functools.partial(self._submissions.timed, ref))
 
     def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
         """Accept no more tasks; with ``cancel_futures``, cancel those no
@@ -239,9 +243,13 @@ def _result_or_cancel(
         future.cancel()  # a no-op once done: a timeout or an interrupt cancels it
 
 
-def _flatten(chunks: Iterator[codec.ChunkResult]) -> Iterator[Any]:
-    """Each chunk's values in order, each let go of once yielded."""
+def _flatten(
+    chunks: Iterator[codec.ChunkResult], timed: Callable[[codec.ChunkResult], None]
+) -> Iterator[Any]:
+    """Each chunk's values in order, each let go of once yielded; ``timed``
+    hears of each chunk."""
     for chunk in chunks:
+        timed(chunk)
         if chunk.failures:
             yield from codec.chunk_items(chunk)
             continue

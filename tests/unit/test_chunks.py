@@ -5,7 +5,14 @@ from __future__ import annotations
 
 import pytest
 
-from pool.client.core import CHUNK_TARGET_S, MAX_CHUNK_BYTES, MIN_CHUNKS, auto_chunksize
+from pool.client.core import (
+    CHUNK_TARGET_S,
+    MAX_CHUNK_BYTES,
+    MIN_CHUNKS,
+    MapPlan,
+    Submissions,
+    auto_chunksize,
+)
 from tests import sample_tasks
 from workers.protocol import codec
 from workers.protocol.errors import RemoteTraceback
@@ -51,3 +58,22 @@ def test_a_chunk_goes_on_past_every_call_that_raises() -> None:
     assert sorted(chunk.failures) == [0, 3]
     empty = codec.run_chunk(sample_tasks.fail_on, [[], []])
     assert empty.values == [] and not empty.failures
+
+
+def test_a_map_of_a_callable_timed_before_skips_the_probes() -> None:
+    """A chunk of many calls times a call of its callable; a later adaptive
+    map of it is cut into chunks by that time at once, with no probe, and
+    still covers every call in order. A probe's lone call times nothing."""
+    submissions = Submissions((), None)
+    ref = submissions.reference(sample_tasks.square)
+    assert submissions.per_call_s(ref) is None
+    submissions.timed(ref, codec.ChunkResult(1.0, [0], {}))  # a probe
+    assert submissions.per_call_s(ref) is None
+    submissions.timed(ref, codec.ChunkResult(0.001, [0] * 1000, {}))
+    per_call = submissions.per_call_s(ref)
+    assert per_call == pytest.approx(1e-6)
+    plan = MapPlan((range(10_000),), None, per_task_limit=False)
+    chunks = plan.first(per_call)
+    assert not plan.adaptive and plan.rest(per_call) == []
+    assert MIN_CHUNKS <= len(chunks) <= MIN_CHUNKS + 1
+    assert [x for (columns,) in chunks for x in columns[0]] == list(range(10_000))
