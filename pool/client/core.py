@@ -18,7 +18,7 @@ from discovery import backends, paths
 from pool.client.rendezvous import Locator
 from pool.dispatcher_pb2 import Submission
 from workers.protocol import codec, shipping
-from workers.protocol.worker_pb2 import Result, Task
+from workers.protocol.worker_pb2 import Result
 
 # map's adaptive chunks (see Client.map): the first calls go one per task,
 PROBE_CALLS: Final = 8
@@ -101,15 +101,19 @@ class Submissions:
 
         :raises Exception: whatever pickling the arguments raises.
         """
-        task = Task(
-            id=next(self._ids),
-            function=ref.name,
-            digest=ref.digest,
-            args=codec.dump_call(args, dict(kwargs), by_value=ref.by_value),
-            timeout_s=self.timeout_s,
-            chunk=chunk,
-        )
-        return Submission(task=task, tags=self._tags), ref.code
+        args_bytes = codec.dump_call(args, dict(kwargs), by_value=ref.by_value)
+        submission = Submission(tags=self._tags)
+        task = submission.task  # (filled in place: no Task made and copied)
+        task.id, task.args = next(self._ids), args_bytes
+        if ref.name:
+            task.function = ref.name
+        if ref.digest:
+            task.digest = ref.digest
+        if self.timeout_s:
+            task.timeout_s = self.timeout_s
+        if chunk:
+            task.chunk = True
+        return submission, ref.code
 
 
 class ClientOptions(TypedDict, total=False):

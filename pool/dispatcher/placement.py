@@ -50,7 +50,7 @@ import grpc
 from discovery import DiscoveryEvent, WorkerInfo
 from pool.dispatcher.exits import Exits
 from pool.dispatcher.jobs import Connect, Job, Link
-from pool.dispatcher.queue import MAX_QUEUED, TaskQueue
+from pool.dispatcher.queue import MAX_QUEUED, LeastLoaded, TaskQueue
 from pool.dispatcher.roster import Roster
 from pool.dispatcher.stealing import Withdrawals
 from pool.errors import NoWorkerAvailable, PoolStopping, WorkerLost
@@ -318,15 +318,9 @@ class Router:
             for link in self.links.values()
             if link.ready and link not in self._refusing
         ]
-
-        def choose(job: Job) -> Link | None:
-            """The least-loaded ready link with room and the job's tags."""
-            fits = [k for k in ready if k.free > 0 and job.tags <= k.info.tags]
-            return min(fits, key=_load, default=None)
-
         for _ in range(2):  # (again once for what a steal took back at once)
             if self.queue:
-                self.queue.place(sum(max(link.free, 0) for link in ready), choose)
+                self.queue.place(LeastLoaded(ready))
             if self.queue.waiting or not self._steal(ready):
                 return
 
@@ -390,7 +384,3 @@ class Router:
             for job in jobs:
                 if not job.finished:
                     self._fail(job, PoolStopping(self.namespace, detail))
-
-
-def _load(link: Link) -> float:
-    return len(link.in_flight) / link.slots

@@ -6,7 +6,8 @@ while the queue is full, and the client streams stop reading until it is
 set again (DESIGN.md, Concurrency). A job cancelled while it waits is
 counted out at once and skipped when :meth:`TaskQueue.place` or
 :meth:`TaskQueue.remove_where` meets it. A job no ready worker matches
-expires after a bound (:meth:`TaskQueue.expired`). Owned by
+expires after a bound (:meth:`TaskQueue.expired`). Where each job goes is
+:class:`LeastLoaded`'s choice. Owned by
 :class:`~pool.dispatcher.placement.Router`, on the dispatcher's loop; no
 I/O.
 """
@@ -14,6 +15,7 @@ I/O.
 from __future__ import annotations
 
 import asyncio
+import heapq
 import time
 from collections import deque
 from collections.abc import Callable
@@ -57,21 +59,20 @@ class TaskQueue:
         if self.waiting < self.max_queued:
             self.room.set()
 
-    def place(self, free: int, choose: Callable[[Job], Link | None]) -> None:
-        """Hand up to ``free`` jobs, in order, to the link ``choose`` picks
-        for each; a job with none keeps its place."""
+    def place(self, chooser: LeastLoaded) -> None:
+        """Hand jobs, in order, to the link ``chooser`` picks for each,
+        while any has room; a job with none keeps its place."""
         skipped: deque[Job] = deque()
-        while self._jobs and free > 0:
+        while self._jobs and chooser.room > 0:
             job = self._jobs.popleft()
             if job.finished:
                 continue  # cancelled while it waited (counted out then)
-            link = choose(job)
+            link = chooser.choose(job)
             if link is None:
                 skipped.append(job)
                 continue
             self.leave()
             link.send(job)
-            free -= 1
         self._jobs.extendleft(reversed(skipped))
 
     def remove_where(self, reject: Callable[[Job], bool]) -> list[Job]:
@@ -107,3 +108,52 @@ class TaskQueue:
             return since is not None and now - since >= limit_s
 
         return self.remove_where(expired)
+
+
+class LeastLoaded:
+    """For one pump of the queue: the least-loaded of ``links`` (tasks held
+    over slots; the first on a tie) with room for a job and its tags. The
+    room of each link is read once; a job without tags takes the top of a
+    heap (no scan of every link for every job), one with tags a scan."""
+
+    def __init__(self, links: list[Link]) -> None:
+        self._room = {link: link.free for link in links}
+        self.room = sum(max(free, 0) for free in self._room.values())
+        self._heap = [
+            (_load(link), i, link)
+            for i, link in enumerate(links)
+            if self._room[link] > 0
+        ]
+        heapq.heapify(self._heap)
+
+    def choose(self, job: Job) -> Link | None:
+        """The link for ``job`` (which the caller sends there at once)."""
+        if job.tags:
+            fits = [
+                k for k, n in self._room.items() if n > 0 and job.tags <= k.info.tags
+            ]
+            link = min(fits, key=_load, default=None)
+        else:
+            link = self._top()
+        if link is not None:
+            self._room[link] -= 1
+            self.room -= 1
+        return link
+
+    def _top(self) -> Link | None:
+        heap = self._heap
+        while heap:
+            load, i, link = heap[0]
+            if self._room[link] <= 0:
+                heapq.heappop(heap)
+            elif load != _load(link):  # (a tagged job went there since)
+                heapq.heapreplace(heap, (_load(link), i, link))
+            else:  # its load once the job is sent there:
+                after = (len(link.in_flight) + 1) / link.slots
+                heapq.heapreplace(heap, (after, i, link))
+                return link
+        return None
+
+
+def _load(link: Link) -> float:
+    return len(link.in_flight) / link.slots

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import pickle
+import random
 import uuid
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
@@ -18,6 +19,7 @@ from pool import NoWorkerAvailable, PoolStopping, WorkerLost
 from pool.dispatcher.jobs import Job, LinkEvents
 from pool.dispatcher.links import MAX_AHEAD_PER_SLOT, WorkerLink
 from pool.dispatcher.placement import MAX_UNTAKEN_LOSSES, Router
+from pool.dispatcher.queue import LeastLoaded
 from workers.protocol import codec
 from workers.protocol.worker_pb2 import Result, Task
 
@@ -535,3 +537,40 @@ class _NoEvents:
     def on_connected(self, link: Any) -> None: ...
     def on_started(self, link: Any, task_ids: Any) -> None: ...
     def on_results(self, link: Any, results: Any) -> None: ...
+
+
+def test_least_loaded_picks_as_a_scan_of_every_link_would() -> None:
+    """The heap-backed choice, over a mix of jobs with and without tags,
+    sends each where the least-loaded link with room and the tags is (the
+    first on a tie), as a scan of every link for every job would."""
+    rng = random.Random(7)
+    for _ in range(50):
+        infos = [
+            WorkerInfo(
+                uuid.uuid4(),
+                f"unix:/{i}",
+                i,
+                "1",
+                frozenset(rng.sample(["a", "b"], rng.randint(0, 2))),
+                capacity=rng.randint(1, 3),
+            )
+            for i in range(rng.randint(1, 6))
+        ]
+        links = [FakeLink(info, _NoEvents()) for info in infos]
+        for link in links:
+            link.ahead = rng.randint(0, 2)
+            for _ in range(rng.randint(0, 3)):
+                link.in_flight[rng.getrandbits(32)] = None  # type: ignore[assignment]
+        chooser = LeastLoaded(links)  # type: ignore[arg-type]
+        for n in range(20):
+            job = Job(
+                Task(id=n),
+                frozenset(rng.sample(["a", "b"], rng.randint(0, 1))),
+                Owner(),
+                n,
+            )
+            fits = [k for k in links if k.free > 0 and job.tags <= k.info.tags]
+            expected = min(fits, key=lambda k: len(k.in_flight) / k.slots, default=None)
+            assert chooser.choose(job) is expected
+            if expected is not None:
+                expected.send(job)
