@@ -12,8 +12,9 @@ no thread free the status is ``"stuck"``.
 Then it drains: ``worker-updated`` with ``status="draining"``, refuses new
 tasks, finishes what it has within ``--grace-s``, publishes
 ``worker-dropped`` and exits 0. A change of status or capacity is published
-at once; counters (tasks running, stuck, done, failed, and how long the
-last one ran) travel in ``WorkerInfo.extra``, at most once a second. Its
+at once; counters (tasks running, held unstarted, stuck, done, failed,
+and how long the last one ran) travel in ``WorkerInfo.extra``, at most
+once a second. Its
 background work (the reporter, each stream's tasks) runs in task groups:
 an error in any ends the process with the error logged and exit status 1,
 and its supervisor starts another.
@@ -216,7 +217,8 @@ class _Reporter:
 
 def _counters(service: WorkerService) -> dict[str, str]:
     return {
-        "running": str(service.running + service.stuck),
+        "running": str(service.active + service.stuck),
+        "held": str(service.running - service.active),
         "stuck": str(service.stuck),
         "done": str(service.done),
         "failed": str(service.failed),

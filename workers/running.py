@@ -49,6 +49,7 @@ class Entry:
     job: asyncio.Task[None] | None = None  # a coroutine function's run
     timer: asyncio.TimerHandle | None = None
     coroutine: bool = False  # runs on the loop (cancellable while it runs)
+    started: bool = False  # its start was reported (on the loop)
     plain: bool = False  # handed to the slot threads
     running: bool = False  # a slot thread started it (under the claim lock)
     answered: bool = False  # (plain tasks: set under the claim lock)

@@ -121,6 +121,7 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
         self.draining = False
         self._ending = False  # end_streams was called
         self.running = 0  # tasks taken and not answered
+        self.active = 0  # of those, the ones started (reported so)
         self.stuck = 0  # slot threads still running a task already answered
         # Set whenever ``stuck`` changes: the worker's capacity follows it,
         # and is published at once.
@@ -250,7 +251,7 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
             entry.coroutine = True
         entry.fn, entry.code = fn, b""
         if entry.coroutine:
-            entry.stream.outbox.start(task.id)
+            self._started(entry)
             self._time_limit(entry)
             assert entry.stream.group is not None
             entry.job = entry.stream.group.create_task(self._run_coroutine(entry, fn))
@@ -317,10 +318,16 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
             self._loop_called = False
         for entry in starts:
             if not entry.answered:
-                entry.stream.outbox.start(entry.task.id)
+                self._started(entry)
                 self._time_limit(entry)
         for entry, result, elapsed in ended:
             self._plain_done(entry, result, elapsed)
+
+    def _started(self, entry: Entry) -> None:
+        entry.started = True
+        self.active += 1
+        entry.stream.outbox.start(entry.task.id)
+        self._on_change()
 
     def _time_limit(self, entry: Entry) -> None:
         """A started task's time limit runs from now."""
@@ -380,6 +387,7 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
         if entry.timer is not None:
             entry.timer.cancel()
         self.running -= 1
+        self.active -= entry.started
         if result is not None:
             self.done += 1
             self.failed += result.HasField("failure")
