@@ -194,8 +194,8 @@ class Client(concurrent.futures.Executor):
 def _time_per_call(futures: list[concurrent.futures.Future[Any]]) -> float | None:
     """How long one call took in the first chunk to answer; None if one
     ran :data:`PROBE_WAIT_S` without an answer (or none answered within
-    :data:`PROBE_MAX_S`). Waiting counts from when a worker took one, so
-    that a pool slow to take them is not mistaken for long calls."""
+    :data:`PROBE_MAX_S`). Waiting counts from when a worker started one, so
+    that a pool slow to start them is not mistaken for long calls."""
     started = time.monotonic()
     running_since = None
     while True:
@@ -204,7 +204,7 @@ def _time_per_call(futures: list[concurrent.futures.Future[Any]]) -> float | Non
             running_since = now
         if running_since is not None:
             left = running_since + PROBE_WAIT_S - now
-        else:  # look again soon for one taken
+        else:  # look again soon for one started
             left = min(PROBE_WAIT_S / 5, started + PROBE_MAX_S - now)
         if left <= 0 or now - started >= PROBE_MAX_S:
             return None

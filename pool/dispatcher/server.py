@@ -5,8 +5,9 @@ directory, or ``HOST:0``) serving the Dispatcher service to clients. It
 follows the namespace's discovery events into a
 :class:`~pool.dispatcher.placement.Router` and answers each client stream
 (a :class:`~pool.dispatcher.service.ClientStream`) with batches of
-results, and of the ids of tasks a worker has taken, as they come. It
-writes one ``READY {json}`` line (to ``--ready-fd``) once it serves.
+results, and of the ids of tasks a worker has started, as they come. It
+writes one ``READY {json}`` line (to ``--ready-fd``) once it serves, and
+one line for each worker it has linked (to ``--report-fd``).
 Started and owned by the supervisor, which tells it, one JSON line at a
 time on ``--control-fd`` (a pipe only the supervisor can write to), when
 the pool drains (``{"drain": true}``) and how each worker ended

@@ -1,7 +1,7 @@
 """The two halves of a task stream, written once for both of its hops.
 
 A task stream carries batches of tasks (and cancels) one way and batches
-of results (and the ids of tasks taken) the other. It runs on two hops,
+of results (and the ids of tasks started) the other. It runs on two hops,
 with the same halves at each end::
 
     client Connection ── Outgoing ──> Incoming ── dispatcher ClientStream
@@ -25,8 +25,10 @@ closes it once the sender has closed its side and every task is answered.
 :meth:`Incoming.serve` runs the reader beside the writer of answers.
 
 Per task on each hop: one Task (or Submission) message in a batch, one
-Result in a batch, one id in an ``accepted`` list; per message: one write,
-one wake-up of the writer, one copy of each task into the batch.
+Result in a batch, one id in a ``started`` list; per message: one write,
+one wake-up of the writer, one turn of the loop before it (what else is
+ready joins the message), one copy of each task into the batch. See
+``benchmarks/README.md`` for the whole budget.
 """
 
 from __future__ import annotations
