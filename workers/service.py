@@ -44,7 +44,6 @@ precise status (see ``proto/workers/worker.proto``); its stream goes on.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import functools
 import inspect
 import queue
@@ -60,7 +59,7 @@ from workers.offload import Offload
 from workers.protocol import codec, worker_pb2_grpc
 from workers.protocol.errors import BadTask, TaskTimeout
 from workers.protocol.worker_pb2 import Result, ResultBatch, Task, TaskBatch
-from workers.running import Entry, PaceMeter, Stream, failed, run_plain
+from workers.running import Entry, News, PaceMeter, Stream, failed, run_plain
 
 # Coroutine tasks' arguments larger than this are unpickled off the loop.
 OFFLOAD_ARGS_BYTES: Final = 1 << 20
@@ -103,12 +102,7 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
         self._plain: queue.SimpleQueue[Entry | None] = queue.SimpleQueue()
         self._claim = threading.Lock()  # a slot thread taking an entry vs. the loop
         self._offload = Offload("offload")  # imports, large arguments
-        # Plain tasks that started, and that ended, waiting for the loop: it
-        # takes them all in one callback, so a busy loop is woken once for
-        # many (under the claim lock, with whether that callback is due).
-        self._starts: list[Entry] = []
-        self._ended: list[tuple[Entry, Result, float]] = []
-        self._loop_called = False
+        self._news = News(self._loop, self._take_news)  # (under the claim lock)
         self._slots = [
             threading.Thread(target=self._slot, name=f"task-{i}", daemon=True)
             for i in range(concurrency)
@@ -287,35 +281,24 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
                 if entry.answered:
                     continue  # withdrawn, handed back, or its stream ended
                 entry.running = True  # started: no withdrawal from now on
-                self._starts.append(entry)
-                call = self._call_loop_locked()
+                self._news.starts.append(entry)
+                call = self._news.due()
             if call:
-                self._call_loop()
+                self._news.call()
             started = time.perf_counter()
             result = run_plain(entry, self._max_args_bytes)
             elapsed = time.perf_counter() - started
             with self._claim:
                 entry.running = False
-                self._ended.append((entry, result, elapsed))
-                call = self._call_loop_locked()
+                self._news.ended.append((entry, result, elapsed))
+                call = self._news.due()
             if call:
-                self._call_loop()
-
-    def _call_loop_locked(self) -> bool:
-        """(Under the claim lock.) Whether to call the loop for the news."""
-        call, self._loop_called = not self._loop_called, True
-        return call
-
-    def _call_loop(self) -> None:
-        with contextlib.suppress(RuntimeError):  # the loop closed: exiting
-            self._loop.call_soon_threadsafe(self._take_news)
+                self._news.call()
 
     def _take_news(self) -> None:
         """Report the starts, then settle the ends, that the threads posted."""
         with self._claim:
-            starts, self._starts = self._starts, []
-            ended, self._ended = self._ended, []
-            self._loop_called = False
+            starts, ended = self._news.take()
         for entry in starts:
             if not entry.answered:
                 self._started(entry)
