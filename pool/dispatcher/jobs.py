@@ -31,7 +31,7 @@ class LinkEvents(Protocol):
         """The stream reached the worker: it may be sent tasks."""
 
     def on_started(self, link: Link, task_ids: Iterable[int]) -> None:
-        """The worker started these tasks (before any of them ran)."""
+        """The worker started these tasks (reported with its results)."""
 
     def on_results(self, link: Link, results: Iterable[Result]) -> None:
         """One message's results from the worker."""

@@ -92,7 +92,7 @@ class WorkerLink:
         ahead = 1
         if self.pace_s > 0:
             ahead = min(MAX_AHEAD_PER_SLOT, math.ceil(self.rtt_s / self.pace_s))
-        return self.info.capacity * (1 + ahead) - len(self.in_flight)
+        return self.slots * (1 + ahead) - len(self.in_flight)
 
     @property
     def ready(self) -> bool:

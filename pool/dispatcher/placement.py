@@ -16,10 +16,11 @@ queue is empty and another worker has a slot with nothing for it
 (:mod:`pool.dispatcher.stealing`). So no task waits behind another while a
 slot that could run it is free.
 
-Attempts. A worker says which tasks it has *started* before any of them
-runs. When a worker is lost (its stream ends), its unfinished tasks go
-back to the front of the queue: one it had started counts an attempt, one
-it had not counts none. At ``max_attempts`` the task fails with
+Attempts. A worker reports the tasks it has *started* with its results.
+When a worker is lost (its stream ends), its unfinished tasks go back to
+the front of the queue: one that may have run there (reported started,
+or among the first unreported that a free slot could have taken) counts
+an attempt, one held behind busy slots none. At ``max_attempts`` it fails with
 :class:`~pool.errors.WorkerLost`, which says how each worker died; one
 lost unstarted :data:`MAX_UNTAKEN_LOSSES` times fails too.
 
