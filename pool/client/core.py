@@ -155,9 +155,7 @@ def _ship(module: ModuleType) -> str:
             f"ship_modules takes modules (import them first), got "
             f"{type(module).__name__} {module!r}"
         )
-    import cloudpickle  # (only a client that ships modules needs it now)
-
-    cloudpickle.register_pickle_by_value(module)
+    shipping.ship_by_value(module)
     return module.__name__
 
 

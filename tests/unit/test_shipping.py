@@ -6,6 +6,8 @@ from __future__ import annotations
 import functools
 import hashlib
 import pickle
+import sys
+import traceback
 from typing import Any
 
 import pytest
@@ -161,3 +163,56 @@ class _Ignore:
 
     def resolve(self, result: object) -> None:
         pass
+
+
+def test_a_value_naming_main_goes_by_value() -> None:
+    """Plain pickle stores a function of the client's ``__main__`` by name,
+    without failing, and a worker has no such name: such a pickle is made
+    again by value, and loads where ``__main__`` lacks the function."""
+    main = sys.modules["__main__"]
+
+    def key(x: int) -> int:
+        return -x
+
+    key.__module__, key.__qualname__ = "__main__", "shipping_probe_key"
+    main.shipping_probe_key = key  # type: ignore[attr-defined]
+    try:
+        assert b"shipping_probe_key" in pickle.dumps(key)  # by name, plainly
+        data = shipping.dumps([3, key])
+    finally:
+        delattr(main, "shipping_probe_key")
+    number, loaded = pickle.loads(data)
+    assert number == 3 and loaded(4) == -4
+
+
+def test_plain_values_stay_plain_pickle() -> None:
+    value = {"a": [1, 2.5, b"x"], "b": sample_tasks.square}
+    assert shipping.dumps(value) == pickle.dumps(
+        value, protocol=pickle.HIGHEST_PROTOCOL
+    )
+
+
+def test_shipped_code_keeps_its_file_name_and_a_traceback_its_lines() -> None:
+    """A function shipped by value raises in a frame of this file, not of
+    ``<dynamic-code>``; a remote traceback without the line gets it back
+    from this process's copy of the file."""
+
+    def raises() -> None:
+        raise ValueError("here")  # the shipped line
+
+    ref = shipping.reference(raises)
+    assert ref.by_value
+    with pytest.raises(ValueError) as raised:
+        _run_in_worker(ref)
+    frame = traceback.extract_tb(raised.value.__traceback__)[-1]
+    assert frame.filename == __file__ and frame.name == "raises"
+    bare = (
+        "Traceback (most recent call last):\n"
+        f'  File "{__file__}", line {frame.lineno}, in raises\n'
+        "ValueError: here\n"
+    )
+    filled = shipping.fill_source_lines(bare)
+    assert '    raise ValueError("here")  # the shipped line\n' in filled
+    assert shipping.fill_source_lines(filled) == filled  # a line is not added twice
+    unknown = '  File "/nowhere/at/all.py", line 3, in f\n'
+    assert shipping.fill_source_lines(unknown) == unknown

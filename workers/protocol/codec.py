@@ -185,7 +185,8 @@ def status_of(failure: Failure) -> grpc.StatusCode:
 
 
 def exception_of(failure: Failure) -> BaseException:
-    """The exception a Failure carries, with its remote traceback as cause."""
+    """The exception a Failure carries, with its remote traceback as cause
+    (its frames' missing source lines filled in from this process's files)."""
     exc: BaseException
     try:
         exc = pickle.loads(failure.exception) if failure.exception else None  # type: ignore[assignment]
@@ -194,7 +195,7 @@ def exception_of(failure: Failure) -> BaseException:
     if not isinstance(exc, BaseException):
         exc = RemoteError(failure.type, failure.message)
     if failure.traceback:
-        exc.__cause__ = RemoteTraceback(failure.traceback)
+        exc.__cause__ = RemoteTraceback(shipping.fill_source_lines(failure.traceback))
     return exc
 
 
@@ -255,8 +256,8 @@ def chunk_items(chunk: ChunkResult) -> Iterator[Any]:
         return
     position = 0
     while values:
-        value = values.pop()
         if position in failures:
+            values.pop()
             raise exception_of(Failure.FromString(failures.pop(position)))
         position += 1
-        yield value
+        yield values.pop()  # (no local keeps it while the caller holds it)

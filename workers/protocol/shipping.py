@@ -18,9 +18,19 @@ sends on its stream to the dispatcher, the dispatcher on its stream to each
 worker, and a worker keeps each function it has unpickled
 (:func:`load_function`) by digest.
 
-Arguments of a by-value call are pickled with cloudpickle too (they are
-often objects of ``__main__`` classes), and any value or exception that
-plain pickle refuses falls back to it (:func:`dumps`).
+Arguments and results go through plain pickle, which is fast, unless
+they hold something a worker cannot import by name: plain pickle stores a
+function or class of ``__main__`` (or of a module the client ships) by
+reference, without failing, and the other end has no such name. A pickle
+that names one of those modules is made again with cloudpickle, which
+ships them by value (and keeps ``isinstance`` on the way back); so is
+anything plain pickle refuses (:func:`dumps`). Arguments of a by-value
+call go through cloudpickle from the start.
+
+Code objects keep their real file name (cloudpickle writes
+``<dynamic-code>``), so that a remote traceback of a shipped function shows
+its source lines wherever the file exists: in the worker, or, filled in
+from the client's own files, in the client (:func:`fill_source_lines`).
 
 Unpickling is code execution: only authenticated peers' bytes reach here
 (see :mod:`workers.protocol.auth`).
@@ -29,14 +39,17 @@ Unpickling is code execution: only authenticated peers' bytes reach here
 from __future__ import annotations
 
 import hashlib
+import io
+import linecache
 import os
 import pickle
+import re
 import sys
 import types
-from collections import OrderedDict
+from collections import ChainMap, OrderedDict
 from collections.abc import Callable, Collection
 from dataclasses import dataclass
-from typing import Any, Final
+from typing import Any, ClassVar, Final
 
 # How much one stream's cache holds (the same limits at both of its ends).
 MAX_FUNCTIONS: Final = 256
@@ -79,7 +92,7 @@ def reference(
     name = importable_name(fn)
     if name is not None and not _shipped(name.partition(":")[0], ship_modules):
         return Reference(name=name)
-    code = _cloudpickle().dumps(fn, protocol=pickle.HIGHEST_PROTOCOL)
+    code = _by_value(fn)
     return Reference(digest=hashlib.sha256(code).digest(), code=code)
 
 
@@ -114,17 +127,80 @@ def _shipped(module: str, ship_modules: Collection[str]) -> bool:
     return any(module == m or module.startswith(m + ".") for m in ship_modules)
 
 
+# Modules whose objects a pickle must not name by reference: the client's
+# script, and each module a client ships (see :func:`ship_by_value`).
+_by_value_marks: list[bytes] = [b"__main__"]
+
+
+def ship_by_value(module: types.ModuleType) -> None:
+    """Send ``module``'s functions and classes by value from now on, in
+    this process, wherever they appear: as a task's callable or inside its
+    arguments and results."""
+    _cloudpickle().register_pickle_by_value(module)
+    mark = module.__name__.encode()
+    if mark not in _by_value_marks:
+        _by_value_marks.append(mark)
+
+
 def dumps(value: Any, *, by_value: bool = False) -> bytes:
-    """Pickle ``value``: with cloudpickle if ``by_value``, else with plain
-    pickle, falling back to cloudpickle for what plain pickle refuses (a
-    lambda, an object of a class defined in ``__main__``)."""
+    """Pickle ``value``: with plain pickle, unless ``by_value`` or the
+    pickle names a module whose objects go by value (``__main__``, a
+    shipped module), or plain pickle refuses it: then with cloudpickle.
+
+    A mention of such a name anywhere in the bytes (a string that says
+    ``__main__``) only costs the slower pickler: the outcome is the same.
+    """
     if not by_value:
         try:
-            return pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)
+            data = pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)
         except (pickle.PicklingError, AttributeError, TypeError):
             pass
-    data: bytes = _cloudpickle().dumps(value, protocol=pickle.HIGHEST_PROTOCOL)
-    return data
+        else:
+            if not any(mark in data for mark in _by_value_marks):
+                return data
+    return _by_value(value)
+
+
+def _by_value(value: Any) -> bytes:
+    """The cloudpickle of ``value``, its code keeping its file names."""
+    buffer = io.BytesIO()
+    _pickler_class()(buffer, protocol=pickle.HIGHEST_PROTOCOL).dump(value)
+    return buffer.getvalue()
+
+
+_pickler: type | None = None
+_DYNAMIC_FILE: Final = "<dynamic-code>"
+
+
+def _pickler_class() -> type:
+    """cloudpickle's Pickler, with code objects that keep ``co_filename``.
+
+    cloudpickle writes ``<dynamic-code>`` in its place (so that a pickle is
+    the same wherever its function was defined); the remote traceback then
+    lacks the line that raised, where ``ProcessPoolExecutor``, Ray and Dask
+    show it. Our digest is taken of these bytes, so it stays stable for a
+    given function.
+    """
+    global _pickler
+    if _pickler is None:
+        cloudpickle = _cloudpickle()
+        from cloudpickle import cloudpickle as inner
+
+        reduce_code = inner._code_reduce
+        _, probe = reduce_code(_pickler_class.__code__)
+        at = probe.index(_DYNAMIC_FILE)
+
+        def code_keeping_file(code: types.CodeType) -> Any:
+            kind, args = reduce_code(code)
+            return kind, (*args[:at], code.co_filename, *args[at + 1 :])
+
+        class Pickler(cloudpickle.Pickler):  # type: ignore[misc,name-defined]
+            dispatch_table: ClassVar = ChainMap(
+                {types.CodeType: code_keeping_file}, cloudpickle.Pickler.dispatch_table
+            )
+
+        _pickler = Pickler
+    return _pickler
 
 
 def _cloudpickle() -> Any:
@@ -134,6 +210,29 @@ def _cloudpickle() -> Any:
     import cloudpickle
 
     return cloudpickle
+
+
+_FRAME_LINE: Final = re.compile(r'^(\s*)File "([^"]+)", line (\d+), in .*$')
+
+
+def fill_source_lines(trace: str) -> str:
+    """A remote traceback with the source line of each frame that lacks
+    one filled in from this process's files (``linecache``), where it has
+    the file: the client holds the script that the worker ran by value."""
+    lines = trace.splitlines(keepends=True)
+    out: list[str] = []
+    for at, line in enumerate(lines):
+        out.append(line)
+        frame = _FRAME_LINE.match(line)
+        if frame is None:
+            continue
+        following = lines[at + 1] if at + 1 < len(lines) else ""
+        if following.startswith(frame.group(1) + "    "):
+            continue  # it has its line
+        source = linecache.getline(frame.group(2), int(frame.group(3))).strip()
+        if source:
+            out.append(f"{frame.group(1)}    {source}\n")
+    return "".join(out)
 
 
 class StreamCache:
