@@ -28,9 +28,10 @@ from typing import Final, Protocol
 import grpc
 from grpc import aio
 
+from discovery import WorkerInfo
 from pool import dispatcher_pb2_grpc
-from pool.client.rendezvous import WRONG_TOKEN, Locator
-from pool.dispatcher_pb2 import Submission, SubmissionBatch
+from pool.client.rendezvous import WRONG_TOKEN, Locator, Target
+from pool.dispatcher_pb2 import ListWorkersRequest, Submission, SubmissionBatch
 from pool.errors import PoolError, PoolNotRunning, PoolRefused, ProtocolMismatch
 from workers.offload import Offload
 from workers.protocol import auth, codec
@@ -40,6 +41,7 @@ from workers.serving import GRPC_OPTIONS
 
 RECONNECT_S: Final = 30.0  # how long a client waits for a restarted dispatcher
 RECONNECT_FIRST_S: Final = 0.05
+SLOTS_TIMEOUT_S: Final = 10.0  # for the dispatcher's answer to ListWorkers
 
 
 class Handler(Protocol):
@@ -238,15 +240,9 @@ class Connection:
     async def _serve(self) -> _Ended:
         """One stream, until it ends."""
         try:
-            target = await self._locator.locate(self._offload)
-            if target.tls:
-                credentials = await self._offload.run(self._locator.credentials)
+            channel, target = await self._channel()
         except PoolNotRunning as exc:
             return _Ended(exc, served=False)  # no restart is coming
-        if target.tls:
-            channel = aio.secure_channel(target.address, credentials, GRPC_OPTIONS)
-        else:
-            channel = aio.insecure_channel(target.address, options=GRPC_OPTIONS)
         self.ledger.new_stream()
         stub = dispatcher_pb2_grpc.DispatcherStub(channel)  # type: ignore[no-untyped-call]
         self._call = call = stub.SubmitStream(metadata=auth.call_metadata(target.token))
@@ -265,6 +261,35 @@ class Connection:
             return _Ended(self._refusal(failed), served)
         stopped = PoolNotRunning(self.namespace, "the pool stopped")
         return _Ended(None if self._closing else stopped, served)
+
+    async def _channel(self) -> tuple[aio.Channel, Target]:
+        """A channel to the dispatcher, and where it is.
+
+        :raises PoolNotRunning: if no pool serves the namespace.
+        """
+        target = await self._locator.locate(self._offload)
+        if target.tls:
+            credentials = await self._offload.run(self._locator.credentials)
+            return aio.secure_channel(target.address, credentials, GRPC_OPTIONS), target
+        return aio.insecure_channel(target.address, options=GRPC_OPTIONS), target
+
+    async def slots(self) -> int:
+        """How many tasks the pool's ready workers run at once now (the sum
+        of their capacities, as the dispatcher knows them).
+
+        :raises PoolNotRunning: if no pool serves the namespace.
+        :raises grpc.aio.AioRpcError: if the dispatcher does not answer.
+        """
+        channel, target = await self._channel()
+        async with channel:
+            stub = dispatcher_pb2_grpc.DispatcherStub(channel)  # type: ignore[no-untyped-call]
+            reply = await stub.ListWorkers(
+                ListWorkersRequest(),
+                metadata=auth.call_metadata(target.token),
+                timeout=SLOTS_TIMEOUT_S,
+            )
+        infos = [WorkerInfo.from_protobuf(state.info) for state in reply.workers]
+        return sum(info.capacity for info in infos if info.status == "ready")
 
     async def _receive(
         self, call: aio.StreamStreamCall[SubmissionBatch, ResultBatch]

@@ -86,6 +86,22 @@ class Client(concurrent.futures.Executor):
         # Unreferenced, the client lets its futures finish, then its thread ends.
         self._finalizer = weakref.finalize(self, self._runner.close_when_idle)
 
+    @property
+    def max_workers(self) -> int:
+        """How many tasks the pool runs at once now: the slots of its ready
+        workers, asked of its dispatcher at each read (so it follows workers
+        as they come and go); at least 1, as ``ProcessPoolExecutor``'s.
+
+        :raises PoolNotRunning: if the pool stopped.
+        """
+        return max(1, self._runner.slots())
+
+    @property
+    def _max_workers(self) -> int:
+        """:attr:`max_workers`, by the name that code written against
+        ``ProcessPoolExecutor`` reads (dask's schedulers do)."""
+        return self.max_workers
+
     def submit(
         self, fn: Callable[..., Any] | str, /, *args: Any, **kwargs: Any
     ) -> concurrent.futures.Future[Any]:

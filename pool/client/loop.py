@@ -11,6 +11,7 @@ futures are waited for, as ``concurrent.futures.thread`` does.
 
 from __future__ import annotations
 
+import asyncio
 import concurrent.futures
 import contextlib
 import logging
@@ -20,12 +21,13 @@ from collections.abc import Callable
 from typing import Any, Final
 
 import uvloop
+from grpc import aio
 
 from pool.client.connection import Connection
 from pool.client.core import outcome
 from pool.client.rendezvous import Locator
 from pool.dispatcher_pb2 import Submission
-from pool.errors import PoolError
+from pool.errors import PoolError, PoolNotRunning
 from workers.protocol.worker_pb2 import Result
 
 CONNECT_TIMEOUT_S: Final = 30.0
@@ -170,6 +172,23 @@ class LoopThread:
         with self._room:
             self._reserved -= 1
             self._room.notify()
+
+    def slots(self) -> int:
+        """The pool's slots now (:meth:`Connection.slots`), from any thread
+        but the loop's.
+
+        :raises PoolNotRunning: if the pool stopped.
+        """
+        if self._connection is None or self._on_loop():
+            raise RuntimeError("the pool's slots are asked from the client's loop")
+        asked = asyncio.run_coroutine_threadsafe(self._connection.slots(), self._loop)
+        try:
+            return asked.result()
+        except aio.AioRpcError as exc:
+            raise PoolNotRunning(
+                self._connection.namespace,
+                f"its dispatcher did not say its workers: {exc.code().name}",
+            ) from None
 
     def _on_loop(self) -> bool:
         return threading.current_thread() is self._thread

@@ -21,8 +21,11 @@ from tests.pools import running_pool
 pytestmark = pytest.mark.integration
 
 SCRIPT = """
+import asyncio
+import copy
 import dataclasses
 import functools
+import traceback
 
 import pool
 
@@ -45,6 +48,19 @@ def refuse(why):
     raise Refused(why)
 
 
+def neg(x):
+    return -x
+
+
+def fails_here(x):
+    raise ValueError(x)  # the line the remote traceback shows
+
+
+async def in_executor(client):
+    loop = asyncio.get_running_loop()
+    return await loop.run_in_executor(client, doubled, Point(3, 4))
+
+
 class Counter:
     def __init__(self, step):
         self.step = step
@@ -64,6 +80,16 @@ with pool.Pool(workers=2) as client:
     except Refused as exc:
         print("raised", type(exc).__name__, exc)
     print("map", sum(client.map(lambda x: x * x, range(1000))))
+    print("key", client.submit(sorted, [3, 1, 2], key=neg).result())
+    copied = client.submit(copy.copy, Point(1, 2)).result()
+    print("copy", copied, isinstance(copied, Point))
+    try:
+        client.submit(fails_here, 7).result()
+    except ValueError as exc:
+        cause = "".join(traceback.format_exception(exc))
+        print("line", "raise ValueError(x)  # the line" in cause)
+    print("asyncio", asyncio.run(in_executor(client)))
+    print("slots", client.max_workers, client._max_workers)
 """
 
 
@@ -73,7 +99,10 @@ def test_a_script_submits_a_lambda_a_main_function_and_a_partial(
 ) -> None:
     """The README's script, run by path from another directory with no
     PYTHONPATH: its __main__ functions, classes and exceptions make the
-    round trip, typed as the script knows them."""
+    round trip, typed as the script knows them, inside arguments too (a
+    sort key, a dataclass given to an importable function); a remote
+    traceback shows the script's line; asyncio's run_in_executor takes the
+    client; and the client says the pool's slots, as dask reads them."""
     script = tmp_path / "script.py"
     script.write_text(SCRIPT)
     elsewhere = tmp_path / "elsewhere"
@@ -93,6 +122,11 @@ def test_a_script_submits_a_lambda_a_main_function_and_a_partial(
         "bound 6",
         "raised Refused no",
         f"map {sum(x * x for x in range(1000))}",
+        "key [3, 2, 1]",
+        "copy Point(x=1, y=2) True",
+        "line True",
+        "asyncio Point(x=6, y=8)",
+        "slots 2 2",
     ]
 
 
