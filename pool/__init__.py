@@ -37,6 +37,7 @@ _HOMES: dict[str, str] = {
     "NotCallable": "workers.protocol.errors",
     "RemoteError": "workers.protocol.errors",
     "RemoteTraceback": "workers.protocol.errors",
+    "ResultTooLarge": "workers.protocol.errors",
     "TaskIdReused": "workers.protocol.errors",
     "TaskTimeout": "workers.protocol.errors",
 }
@@ -63,6 +64,7 @@ if TYPE_CHECKING:
         NotCallable,
         RemoteError,
         RemoteTraceback,
+        ResultTooLarge,
         TaskIdReused,
         TaskTimeout,
     )
@@ -98,6 +100,7 @@ __all__ = [
     "ProtocolMismatch",
     "RemoteError",
     "RemoteTraceback",
+    "ResultTooLarge",
     "TaskIdReused",
     "TaskTimeout",
     "WorkerLost",

@@ -27,10 +27,9 @@ from typing import Any, Final
 import grpc
 from grpc import aio
 
+from workers.protocol.codec import MAX_MESSAGE_BYTES
+
 TLS_KEY: Final = "tls"  # in WorkerInfo.extra: "1" when the worker serves TLS
-MAX_MESSAGE_BYTES: Final = 128 * 1024 * 1024
-# A task's arguments must fit a message with room for the rest of its batch.
-MAX_ARGS_LIMIT: Final = MAX_MESSAGE_BYTES // 2
 LOOPBACK: Final = "127.0.0.1"
 WILDCARDS: Final = frozenset({"0.0.0.0", "::"})  # every interface
 GRPC_OPTIONS: Final = (

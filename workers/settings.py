@@ -31,8 +31,8 @@ from dataclasses import dataclass
 from typing import Any, Final, Literal, TypeVar
 
 from discovery import backends, paths
-from workers.protocol.codec import MAX_ARGS_BYTES
-from workers.serving import LOOPBACK, MAX_ARGS_LIMIT
+from workers.protocol.codec import MAX_ARGS_BYTES, MAX_ARGS_LIMIT
+from workers.serving import LOOPBACK
 
 Form = Literal["value", "switch", "csv", "append", "optional"]
 T = TypeVar("T")

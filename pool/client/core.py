@@ -99,9 +99,11 @@ class Submissions:
     ) -> tuple[Submission, bytes]:
         """A submission calling ``ref``, and the code to ship with it.
 
+        :raises ArgumentsTooLarge: if the task would not fit a message.
         :raises Exception: whatever pickling the arguments raises.
         """
         args_bytes = codec.dump_call(args, dict(kwargs), by_value=ref.by_value)
+        codec.check_call_size(args_bytes, ref.code)
         submission = Submission(tags=self._tags)
         task = submission.task  # (filled in place: no Task made and copied)
         task.id, task.args = next(self._ids), args_bytes

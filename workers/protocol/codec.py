@@ -34,11 +34,17 @@ from workers.protocol.errors import (
     BadTask,
     RemoteError,
     RemoteTraceback,
+    ResultTooLarge,
     TaskIdReused,
 )
-from workers.protocol.worker_pb2 import Failure, Task
+from workers.protocol.worker_pb2 import Failure, Result, Task
 
-MAX_ARGS_BYTES: Final = 64 * 1024 * 1024
+MAX_MESSAGE_BYTES: Final = 128 * 1024 * 1024  # gRPC's limit, each way
+# One task's arguments, or one result, must fit a message with room for the
+# rest of its batch (batches are cut at this size: workers.protocol.stream).
+MAX_ARGS_LIMIT: Final = MAX_MESSAGE_BYTES // 2
+MAX_ARGS_BYTES: Final = MAX_ARGS_LIMIT  # a worker's default limit
+MAX_FAILURE_BYTES: Final = 4 * 1024 * 1024  # each of a failure's parts
 
 
 def dump_call(
@@ -48,6 +54,17 @@ def dump_call(
     shipped by value (its arguments are often of classes shipped with it),
     else with pickle (cloudpickle for what pickle refuses)."""
     return shipping.dumps((args, kwargs), by_value=by_value)
+
+
+def check_call_size(args: bytes, code: bytes) -> None:
+    """:raises ArgumentsTooLarge: if a task of these pickled arguments and
+    function does not fit a message (no worker could take it)."""
+    if (size := len(args) + len(code)) > MAX_ARGS_LIMIT:
+        raise ArgumentsTooLarge(
+            f"the task's arguments (and function) pickle to {size} bytes, over "
+            f"the pool's limit of {MAX_ARGS_LIMIT}; pass large data by "
+            f"reference (a path, a key), or a map a smaller chunksize"
+        )
 
 
 def check_timeout(task: Task) -> None:
@@ -90,8 +107,24 @@ def load_call(
 
 def dump_value(value: Any) -> bytes:
     """The wire bytes of a return value (cloudpickle's when plain pickle
-    refuses it, as it does an object of a class shipped by value)."""
-    return shipping.dumps(value)
+    refuses it, as it does an object of a class shipped by value).
+
+    :raises ResultTooLarge: if they do not fit a message.
+    """
+    data = shipping.dumps(value)
+    if len(data) > MAX_ARGS_LIMIT:
+        raise ResultTooLarge(
+            f"the task's result pickles to {len(data)} bytes, over the pool's "
+            f"limit of {MAX_ARGS_LIMIT}; return large data by reference "
+            f"(a path, a key)"
+        )
+    return data
+
+
+def result_bytes(result: Result) -> int:
+    """About how many bytes ``result`` takes in a message (its large fields)."""
+    failure = result.failure
+    return len(result.value) + len(failure.exception) + len(failure.traceback) + 64
 
 
 def failure_of(
@@ -105,7 +138,10 @@ def failure_of(
 
     ``code`` defaults to the exception's own ``status`` (the task errors
     have one), else UNKNOWN (the task raised). Never raises, whatever the
-    exception does when printed or pickled: every task gets its answer.
+    exception does when printed or pickled: every task gets its answer. It
+    fits a message: an exception that pickles to over
+    :data:`MAX_FAILURE_BYTES` comes back as a :class:`RemoteError`, and its
+    text and traceback are cut to that size.
     """
     if code is None:
         code = getattr(type(exc), "status", grpc.StatusCode.UNKNOWN)
@@ -117,17 +153,28 @@ def failure_of(
         pickle.loads(pickled)  # some exceptions pickle but do not unpickle
     except BaseException:  # a hostile exception may raise anything
         pickled = b""
+    if len(pickled) > MAX_FAILURE_BYTES:
+        pickled = b""
     try:
         trace = "".join(traceback.format_exception(exc)) if remote else ""
     except BaseException:
         trace = ""
     return Failure(
         type=f"{getattr(kind, '__module__', '?')}.{getattr(kind, '__qualname__', '?')}",
-        message=_text_of(exc),
-        traceback=trace,
+        message=_cut(_text_of(exc)),
+        traceback=_cut(trace),
         exception=pickled,
         code=code.value[0],
     )
+
+
+def _cut(text: str) -> str:
+    """``text``, or its first :data:`MAX_FAILURE_BYTES` // 4 characters
+    (each at most 4 bytes in UTF-8) and what was cut."""
+    keep = MAX_FAILURE_BYTES // 4
+    if len(text) <= keep:
+        return text
+    return f"{text[:keep]}... ({len(text) - keep} characters cut)"
 
 
 def _text_of(exc: BaseException) -> str:

@@ -42,6 +42,16 @@ class ArgumentsTooLarge(BadTask):
     status = grpc.StatusCode.RESOURCE_EXHAUSTED
 
 
+class ResultTooLarge(TaskError):
+    """The task's pickled return value is over what one message carries.
+
+    The task ran (it is not run again); return large data by reference (a
+    path, a key) instead.
+    """
+
+    status: ClassVar[grpc.StatusCode] = grpc.StatusCode.RESOURCE_EXHAUSTED
+
+
 class TaskIdReused(BadTask):
     """The task's id is already in flight on its stream."""
 

@@ -10,8 +10,14 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
+from typing import Final
 
 from workers.protocol.worker_pb2 import Result, ResultBatch
+
+# A batch is cut after this many bytes of results: with one more result of
+# up to MAX_ARGS_LIMIT (64 MiB), it stays under gRPC's 128 MiB. (The same
+# as workers.protocol.stream.MAX_BATCH_BYTES, which imports this module.)
+MAX_BATCH_BYTES: Final = 64 * 1024 * 1024
 
 
 class Outbox:
@@ -19,12 +25,16 @@ class Outbox:
 
     def __init__(self) -> None:
         self._results: list[Result] = []
+        self._bytes = 0  # of the results' values and failures
         self._started: list[int] = []
         self._ready = asyncio.Event()
         self._closed = False
 
     def put(self, result: Result) -> None:
         self._results.append(result)
+        self._bytes += len(result.value)
+        if result.HasField("failure"):
+            self._bytes += result.failure.ByteSize()
         self._ready.set()
 
     def start(self, task_id: int) -> None:
@@ -47,9 +57,27 @@ class Outbox:
             await self._ready.wait()
             await asyncio.sleep(0)  # what else is ready joins the batch
             self._ready.clear()
-            if self._results or self._started:
+            if self._bytes > MAX_BATCH_BYTES:
+                for batch in self._cut():
+                    yield batch
+            elif self._results or self._started:
                 batch = ResultBatch(results=self._results, started=self._started)
-                self._results, self._started = [], []
+                self._results, self._started, self._bytes = [], [], 0
                 yield batch
             if self._closed and not (self._results or self._started):
                 return
+
+    def _cut(self) -> list[ResultBatch]:
+        """What is ready, as batches of about :data:`MAX_BATCH_BYTES` each
+        (the started ids with the first)."""
+        batches = [ResultBatch(started=self._started)]
+        size = 0
+        for result in self._results:
+            result_size = len(result.value) + result.failure.ByteSize()
+            if batches[-1].results and size + result_size > MAX_BATCH_BYTES:
+                batches.append(ResultBatch())
+                size = 0
+            batches[-1].results.append(result)
+            size += result_size
+        self._results, self._started, self._bytes = [], [], 0
+        return batches

@@ -9,8 +9,8 @@ with the same halves at each end::
 
 :class:`Outgoing`, the sending half: what is still to be written, in order
 (tasks, then cancels), handed out as messages of at most
-:data:`MAX_BATCH_TASKS` tasks; a task carries its function's pickle only
-if the receiver does not hold it (the stream's
+:data:`MAX_BATCH_TASKS` tasks and about :data:`MAX_BATCH_BYTES`; a task
+carries its function's pickle only if the receiver does not hold it (the stream's
 :class:`~workers.protocol.shipping.StreamCache`, empty again on a new
 stream). What was sent and not answered, and so what to send again on a
 reconnect, is its owner's ledger (the client's
@@ -37,12 +37,15 @@ import asyncio
 from collections.abc import Awaitable, Callable, Coroutine, Generator
 from typing import Any, Final, Generic, TypeVar
 
-from workers.protocol import codec, shipping
+from workers.protocol import codec, outbox, shipping
 from workers.protocol.errors import BadTask
 from workers.protocol.outbox import Outbox
 from workers.protocol.worker_pb2 import Failure, Result, ResultBatch, Task
 
 MAX_BATCH_TASKS: Final = 4096  # tasks per message
+# Bytes per message, about: with one task of up to codec.MAX_ARGS_LIMIT
+# more, a message stays under gRPC's limit.
+MAX_BATCH_BYTES: Final = outbox.MAX_BATCH_BYTES
 
 Item = TypeVar("Item")  # what is written: a Task, or a Submission holding one
 Entry = TypeVar("Entry")  # what a receiver keeps of a task it took
@@ -59,6 +62,7 @@ class Outgoing(Generic[Item]):
     ) -> None:
         self._task_of = task_of
         self._items: dict[int, tuple[Item, bytes]] = {}  # by task id, in order
+        self._bytes = 0  # of the items' arguments and functions, at most
         self._cancels: list[int] = []
         self._shipped = shipping.StreamCache()
         # Set when there is something to write (the owner may share it).
@@ -74,7 +78,9 @@ class Outgoing(Generic[Item]):
     def add(self, item: Item, code: bytes = b"") -> None:
         """Write ``item`` next; ``code`` is its function's pickle if it
         ships one (:mod:`workers.protocol.shipping`)."""
-        self._items[self._task_of(item).id] = (item, code)
+        task = self._task_of(item)
+        self._items[task.id] = (item, code)
+        self._bytes += len(task.args) + len(code)
         self.wake.set()
 
     def withdraw(self, task_id: int) -> bool:
@@ -87,18 +93,21 @@ class Outgoing(Generic[Item]):
         self.wake.set()
 
     def clear(self) -> None:
-        self._items, self._cancels = {}, []
+        self._items, self._cancels, self._bytes = {}, [], 0
 
     def take(self) -> Generator[tuple[list[Item], list[int]], None, None]:
         """What is to be written: parts of at most :data:`MAX_BATCH_TASKS`
-        items (the cancels with the first), each task carrying its
-        function's pickle where the receiver needs it. Make each part's
-        message before the next is taken: the pickle is cleared from the
-        item then (the message holds its own copy)."""
+        items and about :data:`MAX_BATCH_BYTES` (the cancels with the
+        first), each task carrying its function's pickle where the receiver
+        needs it. Make each part's message before the next is taken: the
+        pickle is cleared from the item then (the message holds its own
+        copy)."""
         items, self._items = list(self._items.values()), {}
         cancels, self._cancels = self._cancels, []
-        for start in range(0, max(len(items), 1), MAX_BATCH_TASKS):
-            part = items[start : start + MAX_BATCH_TASKS]
+        size, self._bytes = self._bytes, 0
+        for part in (
+            self._parts(items) if size > MAX_BATCH_BYTES else self._counted(items)
+        ):
             carrying = [(self._task_of(item), code) for item, code in part if code]
             for task, code in carrying:
                 task.code = self._shipped.outgoing(task.digest, code)
@@ -108,6 +117,34 @@ class Outgoing(Generic[Item]):
                 for task, _ in carrying:
                     task.ClearField("code")
             cancels = []
+
+    @staticmethod
+    def _counted(
+        items: list[tuple[Item, bytes]],
+    ) -> Generator[list[tuple[Item, bytes]], None, None]:
+        """``items`` cut into parts of at most :data:`MAX_BATCH_TASKS` (one,
+        empty, for cancels alone)."""
+        for start in range(0, max(len(items), 1), MAX_BATCH_TASKS):
+            yield items[start : start + MAX_BATCH_TASKS]
+
+    def _parts(
+        self, items: list[tuple[Item, bytes]]
+    ) -> Generator[list[tuple[Item, bytes]], None, None]:
+        """``items`` cut into parts of at most :data:`MAX_BATCH_TASKS`, and
+        of :data:`MAX_BATCH_BYTES` unless one item alone is larger (it fits
+        a message: :func:`~workers.protocol.codec.check_call_size`)."""
+        part: list[tuple[Item, bytes]] = []
+        size = 0
+        for item, code in items:
+            item_size = len(self._task_of(item).args) + len(code)
+            if part and (
+                len(part) == MAX_BATCH_TASKS or size + item_size > MAX_BATCH_BYTES
+            ):
+                yield part
+                part, size = [], 0
+            part.append((item, code))
+            size += item_size
+        yield part  # (the last, or an empty one for cancels alone)
 
     async def write_all(
         self,

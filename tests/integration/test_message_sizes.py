@@ -1,0 +1,68 @@
+"""Arguments and results near and over what a message carries (gRPC's
+128 MiB), against a real pool: over the limit, a typed error at once, and
+the client and its worker go on; under it, any number of large tasks pass,
+however many are written at once."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+import pool
+from pool import Client
+from tests.helpers import DEADLINE_S
+from tests.pools import running_pool
+
+pytestmark = pytest.mark.integration
+
+MIB = 2**20
+
+
+@pytest.mark.timeout(120)
+def test_arguments_over_a_message_fail_at_once_and_the_client_goes_on(
+    namespace: str,
+) -> None:
+    """200 MiB of arguments: ArgumentsTooLarge, before anything is written;
+    the next task of the same client runs, and leaving the client does not
+    hang."""
+    with running_pool(namespace, "--workers", "1"):
+        with Client(namespace) as client:
+            future = client.submit(len, b"x" * (200 * MIB))
+            with pytest.raises(pool.ArgumentsTooLarge, match="pass large data"):
+                future.result(timeout=DEADLINE_S)
+            assert client.submit(len, b"x" * 10).result(timeout=DEADLINE_S) == 10
+
+
+@pytest.mark.timeout(180)
+def test_large_arguments_and_results_written_together_all_arrive(
+    namespace: str,
+) -> None:
+    """Four tasks of 50 MiB each go out together (200 MiB, over one
+    message), and four results of 40 MiB come back together: every one
+    arrives."""
+    with running_pool(namespace, "--workers", "2"):
+        with Client(namespace) as client:
+            blobs = [bytes([i]) * (50 * MIB) for i in range(4)]
+            sizes = [client.submit(len, blob) for blob in blobs]
+            del blobs
+            assert [f.result(timeout=DEADLINE_S * 2) for f in sizes] == [50 * MIB] * 4
+            made = [client.submit(bytes, 40 * MIB) for _ in range(4)]
+            for future in made:
+                assert len(future.result(timeout=DEADLINE_S * 2)) == 40 * MIB
+                del future
+
+
+@pytest.mark.timeout(120)
+def test_a_result_over_a_message_is_a_typed_error_and_the_worker_stays(
+    namespace: str,
+) -> None:
+    """A task returns 100 MiB: ResultTooLarge, the task's own error (not a
+    worker death, so not run again); the same worker runs the next task."""
+    with running_pool(namespace, "--workers", "1"):
+        with Client(namespace) as client:
+            pid = client.submit(os.getpid).result(timeout=DEADLINE_S)
+            future = client.submit(bytes, 100 * MIB)
+            with pytest.raises(pool.ResultTooLarge, match="by reference"):
+                future.result(timeout=DEADLINE_S)
+            assert client.submit(os.getpid).result(timeout=DEADLINE_S) == pid
