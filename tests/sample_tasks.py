@@ -197,3 +197,22 @@ def gated_pid(gate: str) -> int:
 
 def mul(x: int, y: int) -> int:
     return x * y
+
+
+_kept: list[bytearray] = []
+
+
+def keep_memory(megabytes: int) -> int:
+    """Allocate ``megabytes`` (touched, so resident) and keep it for the
+    life of the process, as a leak does; the worker's pid."""
+    _kept.append(bytearray(megabytes * 10**6))
+    return os.getpid()
+
+
+def hold_memory(megabytes: int, seconds: float) -> int:
+    """Allocate ``megabytes`` and hold it (at most ``seconds``) before
+    letting it go; the worker's pid."""
+    block = bytearray(megabytes * 10**6)
+    time.sleep(seconds)  # (the task's own work: the watch ends it first)
+    del block
+    return os.getpid()

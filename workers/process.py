@@ -39,6 +39,7 @@ from grpc_health.v1 import health, health_pb2_grpc
 import discovery
 from discovery import DiscoveryError, Status, WorkerInfo, backends, paths
 from workers import imports, serving
+from workers.limits import Limits, MemoryWatch, parse_size, rss_bytes
 from workers.protocol import auth, worker_pb2_grpc
 from workers.service import WorkerService
 from workers.settings import WorkerSettings, parse
@@ -97,8 +98,13 @@ async def _serve(config: WorkerSettings, stopper: serving.Stopper) -> None:
     token = auth.token_for(config.namespace, config.token_file)
     uid = uuid.uuid4()
     changed = asyncio.Event()
+    max_memory = parse_size(config.max_memory or 0)
+    limits = Limits(config.max_tasks_per_child, max_memory)
     service = WorkerService(
-        config.concurrency, changed.set, max_args_bytes=config.max_args_bytes
+        config.concurrency,
+        changed.set,
+        max_args_bytes=config.max_args_bytes,
+        limits=limits,
     )
     server = aio.server(
         interceptors=[auth.CallInterceptor(token)], options=serving.GRPC_OPTIONS
@@ -129,7 +135,12 @@ async def _serve(config: WorkerSettings, stopper: serving.Stopper) -> None:
             capacity=config.concurrency,
         )
         reporter = _Reporter(service, info, changed)
-        await _registered(config, reporter, stopper, health_service)
+        with contextlib.ExitStack() as watching:
+            if max_memory:
+                watching.enter_context(
+                    MemoryWatch(max_memory, lambda: service.active > 0)
+                )
+            await _registered(config, reporter, stopper, health_service)
     finally:
         await server.stop(1.0)
         await service.aclose()
@@ -153,13 +164,27 @@ async def _registered(
         serving.announce_ready(config.ready_fd, uid=uid, address=address)
         async with asyncio.TaskGroup() as group:
             reporting = group.create_task(reporter.run(publisher))
-            await stopper.wait()
+            await _until_stopped_or_retiring(stopper, service)
             reporting.cancel()
         service.draining = True
         await health_service.enter_graceful_shutdown()
         await publisher.publish("worker-updated", reporter.current())
         await _drain(service, config.grace_s)
         service.end_streams()
+
+
+async def _until_stopped_or_retiring(
+    stopper: serving.Stopper, service: WorkerService
+) -> None:
+    """Until the worker is told to stop, or retires (:mod:`workers.limits`)."""
+    async with asyncio.TaskGroup() as group:
+        waits = [
+            group.create_task(stopper.wait()),
+            group.create_task(service.retiring.wait()),
+        ]
+        await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+        for wait in waits:
+            wait.cancel()
 
 
 async def _drain(service: WorkerService, grace_s: float) -> None:
@@ -223,6 +248,7 @@ def _counters(service: WorkerService) -> dict[str, str]:
         "done": str(service.done),
         "failed": str(service.failed),
         "last_ms": f"{service.pace.last_s * 1e3:.1f}",
+        "rss_mb": f"{rss_bytes() / 1e6:.0f}",
     }
 
 

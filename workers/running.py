@@ -1,7 +1,8 @@
 """What a worker holds of the tasks it runs (:mod:`workers.service`): each
 Run stream's receiving half (:class:`Stream`), each task it took
 (:class:`Entry`), what the slot threads tell the loop (:class:`News`), how
-a plain task runs in a slot thread (:func:`run_plain`), and how long they
+a plain task runs in a slot thread (:func:`run_plain`) and a coroutine task
+on the loop (:func:`run_coroutine`), and how long they
 have been running (:class:`PaceMeter`).
 """
 
@@ -13,6 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Final
 
+from workers.offload import Offload
 from workers.protocol import codec
 from workers.protocol.errors import BadTask
 from workers.protocol.stream import Incoming
@@ -24,6 +26,8 @@ MAX_STREAM_TASKS: Final = 4096
 
 
 PACE_WEIGHT: Final = 0.25
+# Coroutine tasks' arguments larger than this are unpickled off the loop.
+OFFLOAD_ARGS_BYTES: Final = 1 << 20
 
 
 class Stream(Incoming["Entry"]):
@@ -52,7 +56,10 @@ class Entry:
     coroutine: bool = False  # runs on the loop (cancellable while it runs)
     started: bool = False  # its start was reported (on the loop)
     plain: bool = False  # handed to the slot threads
-    running: bool = False  # a slot thread started it (under the claim lock)
+    running: bool = False  # a slot thread runs it now (under the claim lock)
+    # A slot thread took it (under the claim lock; never unset): it ran or
+    # runs here, so it is not withdrawn, even before the loop hears it ended.
+    taken: bool = False
     answered: bool = False  # (plain tasks: set under the claim lock)
     stuck: bool = False  # answered while its thread still runs it
 
@@ -102,6 +109,30 @@ def run_plain(entry: Entry, max_args_bytes: int) -> Result:
             return failed(task.id, codec.failure_of(exc))
     except BaseException as exc:  # failure_of never raises; this is a last guard
         return failed(task.id, codec.internal_failure(exc))
+
+
+async def run_coroutine(
+    task: Task, fn: Callable[..., Any], offload: Offload, max_args_bytes: int
+) -> Result:
+    """Run a coroutine task on the loop (its large arguments unpickled in
+    ``offload``): its result or failure.
+
+    :raises asyncio.CancelledError: if cancelled (by the caller, a timeout
+        or a hang-up: answered there).
+    """
+    try:
+        if len(task.args) > OFFLOAD_ARGS_BYTES:
+            call = await offload.run(codec.load_call, task.args, max_args_bytes)
+        else:
+            call = codec.load_call(task.args, max_args_bytes)
+        value = await fn(*call[0], **call[1])
+        return Result(id=task.id, value=codec.dump_value(value))
+    except asyncio.CancelledError:
+        raise
+    except BadTask as exc:
+        return failed(task.id, codec.failure_of(exc, remote=False))
+    except BaseException as exc:  # a task's SystemExit must not end the worker
+        return failed(task.id, codec.failure_of(exc))
 
 
 def failed(task_id: int, failure: Failure) -> Result:

@@ -8,37 +8,31 @@ A task's life here::
          ──> answered (exactly once: result, failure, withdrawal, timeout)
 
 A plain task is *held* until a slot thread is free for it, in the order
-tasks came, whichever stream brought them: the dispatcher sends a worker
-only what hides one round trip ahead of its slots (the worker's pace
-travels back with its results). A held task is still the dispatcher's: a
-cancel withdraws it (answered CANCELLED), which is how the dispatcher both
-cancels a task and moves it to a worker that is free. A slot thread
-*starts* it; from then on a cancel leaves it to run. The thread's start
-and the loop's withdrawal are decided under one lock, so each task is
-exactly one of the two. Starts go back to the dispatcher batched with
-results (one wake-up of the loop for many), and its client's future turns
-RUNNING then. A coroutine function starts at once, on the loop, and stays
-cancellable while it runs.
+tasks came: the dispatcher sends only what hides one round trip ahead of
+the slots. A held task is still the dispatcher's: a cancel withdraws it
+(answered CANCELLED), which is also how a task moves to a free worker. A
+slot thread *starts* it, deciding under one lock against a withdrawal;
+from then on a cancel leaves it to run. Starts go back batched with
+results, and the client's future turns RUNNING then. A coroutine function
+starts at once, on the loop, and stays cancellable while it runs.
 
 Each stream owns an :class:`asyncio.TaskGroup`: its reader, its coroutine
-tasks and the imports it waits for. When the caller hangs up, the group is
-cancelled, and with it every coroutine task of the stream. Plain functions
-go to ``concurrency`` slot threads (no asyncio future per task: a no-op
-costs tens of microseconds). A thread cannot be interrupted: a plain task
-timed out while running is answered at once, but its thread stays busy
-until the call returns, and counts as *stuck*. The worker's advertised
-capacity shrinks with each stuck thread; with every thread stuck its
-status is ``"stuck"``, it hands back the tasks waiting for a thread
-(UNAVAILABLE: the dispatcher sends them elsewhere) and the supervisor
-replaces it after a grace period.
+tasks and the imports it waits for; a hang-up cancels it. Plain functions
+go to ``concurrency`` slot threads (no asyncio future per task). A thread
+cannot be interrupted: a plain task timed out while running is answered at
+once, but its thread counts as *stuck* until the call returns, and the
+advertised capacity shrinks with it; with every thread stuck the status
+is ``"stuck"``, the held tasks are handed back (UNAVAILABLE: the
+dispatcher sends them elsewhere) and the supervisor replaces the worker.
+A worker past its limits (:mod:`workers.limits`) retires: it hands back
+what it holds, finishes what runs, and :attr:`WorkerService.retiring` ends
+its process.
 
-Importing a task's module (the first time it is named, or again when
-``--reload`` sees it changed), unpickling a function shipped by value (the
-first time its digest comes; each stream keeps the pickles it carried,
+Imports, unpickling a function shipped by value (once per digest:
 :mod:`workers.protocol.shipping`) and unpickling large arguments of
-coroutine tasks run in daemon threads, never on the loop, while other
-tasks go on. A task that cannot be run as sent is answered alone with its
-precise status (see ``proto/workers/worker.proto``); its stream goes on.
+coroutine tasks run in daemon threads, never on the loop. A task that
+cannot be run as sent is answered alone with its precise status (see
+``proto/workers/worker.proto``); its stream goes on.
 """
 
 from __future__ import annotations
@@ -55,15 +49,13 @@ from typing import Any, Final
 from grpc import aio
 
 from workers import imports
+from workers import running as tasks
+from workers.limits import Limits
 from workers.offload import Offload
 from workers.protocol import codec, worker_pb2_grpc
 from workers.protocol.errors import BadTask, TaskTimeout
 from workers.protocol.worker_pb2 import Result, ResultBatch, Task, TaskBatch
-from workers.running import Entry, News, PaceMeter, Stream, failed, run_plain
-
-# Coroutine tasks' arguments larger than this are unpickled off the loop.
-OFFLOAD_ARGS_BYTES: Final = 1 << 20
-
+from workers.running import Entry, News, PaceMeter, Stream, failed
 
 _ALL_STUCK: Final = (
     "every task thread is held by a task that timed out or was cancelled"
@@ -82,6 +74,8 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
     :param concurrency: slot threads for plain functions.
     :param on_change: called (on the loop) whenever a counter changes.
     :param max_args_bytes: the largest pickled arguments a task may carry.
+    :param limits: when it retires (:mod:`workers.limits`): then
+        :attr:`retiring` is set.
     """
 
     def __init__(
@@ -90,6 +84,7 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
         on_change: Callable[[], None],
         *,
         max_args_bytes: int = codec.MAX_ARGS_BYTES,
+        limits: Limits | None = None,
     ) -> None:
         if concurrency < 1:
             raise ValueError(f"concurrency must be at least 1, got {concurrency}")
@@ -97,6 +92,8 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
             raise ValueError(f"max_args_bytes must be 0 or more, got {max_args_bytes}")
         self.concurrency = concurrency
         self._max_args_bytes = max_args_bytes
+        self.limits = limits or Limits()
+        self.retiring = asyncio.Event()
         self._loop = asyncio.get_running_loop()
         self._on_change = on_change
         self._plain: queue.SimpleQueue[Entry | None] = queue.SimpleQueue()
@@ -245,6 +242,13 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
             entry.coroutine = True
         entry.fn, entry.code = fn, b""
         if entry.coroutine:
+            with self._claim:
+                allowed = self.limits.take_start()
+            if not allowed:
+                self._refuse_held(entry)
+                return
+            if self.limits.why is not None:
+                self.retire()
             self._started(entry)
             self._time_limit(entry)
             assert entry.stream.group is not None
@@ -256,23 +260,10 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
             self._plain.put(entry)
 
     async def _run_coroutine(self, entry: Entry, fn: Callable[..., Any]) -> None:
-        task = entry.task
-        try:
-            if len(task.args) > OFFLOAD_ARGS_BYTES:
-                call = await self._offload.run(
-                    codec.load_call, task.args, self._max_args_bytes
-                )
-            else:
-                call = codec.load_call(task.args, self._max_args_bytes)
-            value = await fn(*call[0], **call[1])
-            result = Result(id=task.id, value=codec.dump_value(value))
-        except asyncio.CancelledError:
-            raise  # cancelled by the caller, a timeout or a hang-up: answered there
-        except BadTask as exc:
-            result = failed(task.id, codec.failure_of(exc, remote=False))
-        except BaseException as exc:  # a task's SystemExit must not end the worker
-            result = failed(task.id, codec.failure_of(exc))
-        self._answer(entry, result)
+        limit = self._max_args_bytes
+        self._answer(
+            entry, await tasks.run_coroutine(entry.task, fn, self._offload, limit)
+        )
 
     def _slot(self) -> None:
         """A slot thread: start and run plain tasks one after another."""
@@ -280,13 +271,18 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
             with self._claim:
                 if entry.answered:
                     continue  # withdrawn, handed back, or its stream ended
-                entry.running = True  # started: no withdrawal from now on
+                if not self.limits.take_start():  # retiring: not here
+                    self._loop.call_soon_threadsafe(self._refuse_held, entry)
+                    continue
+                entry.running = entry.taken = True  # no withdrawal from now on
                 self._news.starts.append(entry)
                 call = self._news.due()
             if call:
                 self._news.call()
+            if self.limits.why is not None:  # (its last start: after its news)
+                self._loop.call_soon_threadsafe(self.retire)
             started = time.perf_counter()
-            result = run_plain(entry, self._max_args_bytes)
+            result = tasks.run_plain(entry, self._max_args_bytes)
             elapsed = time.perf_counter() - started
             with self._claim:
                 entry.running = False
@@ -345,13 +341,29 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
         timeout = TaskTimeout(entry.task.timeout_s)
         self._answer(entry, failed(entry.task.id, codec.failure_of(timeout)))
 
-    def _hand_back(self) -> None:
-        """Every thread is stuck: tasks waiting for one go elsewhere."""
+    def retire(self) -> None:
+        """Take no more tasks (:mod:`workers.limits` says why), and hand back
+        those held; :attr:`retiring` tells the process to drain and exit."""
+        if not self.retiring.is_set():
+            self.draining = True
+            self._hand_back(self.limits.why or "it is retiring", coroutines=True)
+            self.retiring.set()
+            self._on_change()
+
+    def _refuse_held(self, entry: Entry) -> None:
+        """Hand back a task that may not start here (the worker retires)."""
+        failure = codec.rejected(self.limits.why or "it is retiring")
+        self._answer(entry, failed(entry.task.id, failure), withdraw=True)
+
+    def _hand_back(self, reason: str, *, coroutines: bool = False) -> None:
+        """Answer every held task UNAVAILABLE (the dispatcher sends it to
+        another worker, counting no attempt): those waiting for a thread, and
+        with ``coroutines`` those waiting for their callable too."""
         for stream in self._streams:
             for entry in list(stream.entries.values()):
-                if not entry.coroutine and not entry.running:
-                    failure = codec.rejected(_ALL_STUCK)
-                    self._answer(entry, failed(entry.task.id, failure))
+                if not entry.started and (coroutines or not entry.coroutine):
+                    failure = codec.rejected(reason)
+                    self._answer(entry, failed(entry.task.id, failure), withdraw=True)
 
     def _answer(
         self, entry: Entry, result: Result | None, *, withdraw: bool = False
@@ -360,7 +372,7 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
         with ``withdraw``, only if no slot thread has started it."""
         if entry.plain:
             with self._claim:  # decide against a slot thread taking it now
-                if entry.answered or (withdraw and entry.running):
+                if entry.answered or (withdraw and entry.taken):
                     return
                 entry.answered = True
                 entry.stuck = entry.running
@@ -375,11 +387,13 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
             self.done += 1
             self.failed += result.HasField("failure")
         entry.stream.answer(entry.task.id, result)
+        if entry.started and self.limits.after_task():
+            self.retire()
         if not self.running:
             self._idle.set()
         if entry.stuck:
             self.stuck += 1
             self.stuck_changed.set()
             if self.free_threads == 0:
-                self._hand_back()
+                self._hand_back(_ALL_STUCK)
         self._on_change()

@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from typing import Any, Final, Literal, TypeVar
 
 from discovery import backends, paths
+from workers.limits import parse_size
 from workers.protocol.codec import MAX_ARGS_BYTES, MAX_ARGS_LIMIT
 from workers.serving import LOOPBACK
 
@@ -302,6 +303,20 @@ MAX_ARGS_BYTES_SPEC: Final = Spec(
     low=0,
     high=MAX_ARGS_LIMIT,
 )
+MAX_TASKS_PER_CHILD: Final = Spec(
+    0,
+    "retire a worker once it has run N tasks: it hands back what it holds, "
+    "finishes, exits, and is replaced (0: never)",
+    low=0,
+)
+MAX_MEMORY: Final = Spec(
+    None,
+    "retire a worker whose resident memory is over SIZE (2GB, 512MiB) after "
+    "a task; a task that takes it past 1.5 x SIZE while it runs ends the "
+    "worker (an attempt of that task, as any death)",
+    metavar="SIZE",
+    check=parse_size,
+)
 PATHS: Final = Spec(
     (),
     "import task modules from DIR first (repeatable)",
@@ -345,6 +360,8 @@ class WorkerSettings:
     tags: tuple[str, ...] = TAGS.field()
     grace_s: float = GRACE_S.field()
     max_args_bytes: int = MAX_ARGS_BYTES_SPEC.field()
+    max_tasks_per_child: int = MAX_TASKS_PER_CHILD.field()
+    max_memory: str | int | None = MAX_MEMORY.field()
     paths: tuple[str, ...] = PATHS.field()
     reload: bool = RELOAD.field()
     discovery_url: str | None = DISCOVERY.field(

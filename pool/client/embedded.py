@@ -36,21 +36,27 @@ START_TIMEOUT_S: Final = 60.0
 class Pool:
     """Start a pool on entry, stop it (leaving nothing behind) on exit.
 
-    :param workers: worker processes to start (at least 1).
+    :param workers: worker processes to start (at least 1); None, the
+        default, as ``ProcessPoolExecutor``: one per CPU (``os.cpu_count()``).
     :param namespace: its namespace (a fresh one by default).
     :param settings: any other setting of ``pool up``, by the name its flag
         has there (``--grace-s`` is ``grace_s=``; ``--discovery`` is
         ``discovery_url=``; ``--no-restart`` is ``restart=False``): the
         fields of :class:`~pool.supervisor.settings.PoolSettings`, such as
         ``concurrency``, ``tags``, ``no_worker_timeout_s``,
-        ``stuck_grace_s``, ``max_queued`` and ``paths``.
+        ``stuck_grace_s``, ``max_queued``, ``paths``, ``max_tasks_per_child``
+        and ``max_memory`` (bytes, or a size such as ``"2GB"``).
     :raises ValueError: for a bad value, named (a
         :class:`~workers.settings.SettingError`).
     :raises TypeError: for a setting ``pool up`` does not have.
     """
 
     def __init__(
-        self, workers: int = 4, *, namespace: str | None = None, **settings: Any
+        self,
+        workers: int | None = None,
+        *,
+        namespace: str | None = None,
+        **settings: Any,
     ) -> None:
         known = {f.name for f in dataclasses.fields(PoolSettings)}
         for name in settings.keys() - known:
@@ -60,7 +66,9 @@ class Pool:
             )
         if namespace is None:
             namespace = f"pool-{uuid.uuid4().hex[:12]}"
-        self.settings = PoolSettings(namespace=namespace, workers=workers, **settings)
+        if workers is not None:
+            settings["workers"] = workers
+        self.settings = PoolSettings(namespace=namespace, **settings)
         self.log = io.StringIO()  # what `pool up` would have printed
         self._thread: threading.Thread | None = None
         self._loop: asyncio.AbstractEventLoop | None = None

@@ -26,6 +26,8 @@ from workers.settings import (
     GRACE_S,
     HOST,
     MAX_ARGS_BYTES_SPEC,
+    MAX_MEMORY,
+    MAX_TASKS_PER_CHILD,
     NAMESPACE,
     PATHS,
     PORT,
@@ -95,6 +97,8 @@ class PoolSettings:
         help="largest pickled arguments a task may carry; a larger one fails "
         "with RESOURCE_EXHAUSTED"
     )
+    max_tasks_per_child: int = MAX_TASKS_PER_CHILD.field()
+    max_memory: str | int | None = MAX_MEMORY.field()
     restart: bool = Spec(
         True,
         "report dead workers but do not replace them",
@@ -150,6 +154,8 @@ class PoolSettings:
             tags=self.tags,
             grace_s=self.grace_s,
             max_args_bytes=self.max_args_bytes,
+            max_tasks_per_child=self.max_tasks_per_child,
+            max_memory=self.max_memory,
             paths=self.paths,
             reload=self.reload,
             discovery_url=self.discovery_url,
