@@ -34,7 +34,12 @@ from pool.dispatcher_pb2 import ListWorkersRequest
 from pool.dispatcher_pb2_grpc import DispatcherStub
 from pool.errors import PoolNotRunning
 from pool.supervisor.sweep import sweep_temp_dirs
-from pool.supervisor.view import PlainView, describe, line
+from pool.supervisor.view import (
+    PlainView,
+    describe,
+    line,
+    shorten_left,
+)
 from workers.protocol import auth
 
 WORKERS = """list the registered workers (read from shared memory), with
@@ -90,7 +95,7 @@ def run_workers(args: argparse.Namespace) -> int:
         infos = registered(locator.discovery_url, args.namespace)
     infos = sorted(infos, key=lambda info: (info.pid, info.address))
     routing = _dispatcher_view(locator)
-    columns = ["pid", "uid", "address", "status", "running", "done"]
+    columns = ["pid", "uid", "address", "status", "running", "done", "rss"]
     if routing is not None:
         columns.append("in_flight")
     rows = []
@@ -101,15 +106,8 @@ def run_workers(args: argparse.Namespace) -> int:
         rows.append(fields)
     queued = f", {routing[1]} queued" if routing is not None else ""
     if sys.stdout.isatty():
-        from rich.console import Console
-        from rich.table import Table
-
-        table = Table(title=f"{len(infos)} workers in {args.namespace!r}{queued}")
-        for column in columns:
-            table.add_column(column)
-        for fields in rows:
-            table.add_row(*(str(fields[c]) for c in columns))
-        Console().print(table)
+        title = f"{_count(len(infos), 'worker')} in {args.namespace!r}{queued}"
+        _print_workers(title, columns, rows)
         return 0
     for fields in rows:
         print(line("worker", {c: fields[c] for c in columns}))
@@ -224,7 +222,7 @@ def _print_table(rows: list[dict[str, Any]], strays: list[Path]) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    table = Table(title=f"{len(rows)} pools in {paths.runtime_dir()}")
+    table = Table(title=f"{_count(len(rows), 'pool')} in {paths.runtime_dir()}")
     for column in ("namespace", "owner", "workers", "segment", "runtime"):
         table.add_column(column, overflow="fold")
     for row in rows:
@@ -236,3 +234,32 @@ def _print_table(rows: list[dict[str, Any]], strays: list[Path]) -> None:
             f"{path}: no pool in this runtime directory names it (another "
             f"runtime directory's, or a leak)"
         )
+
+
+def _count(n: int, noun: str) -> str:
+    """``1 pool``, ``2 pools``."""
+    return f"{n} {noun}{'' if n == 1 else 's'}"
+
+
+def _print_workers(title: str, columns: list[str], rows: list[dict[str, Any]]) -> None:
+    """The workers as a table that fits the terminal: every column but the
+    address whole (the uid left out if need be), and the address shortened
+    from the left to what is left (its end tells workers apart: a socket's
+    name, a port)."""
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console()
+    widths = {c: max([len(c), *(len(str(row[c])) for row in rows)]) for c in columns}
+    room = console.width - sum(w + 3 for c, w in widths.items() if c != "address") - 4
+    if room < 16 and "uid" in columns:  # (a unix socket's name holds it too)
+        columns = [c for c in columns if c != "uid"]
+        room += widths.pop("uid") + 3
+    room = max(12, room)
+    table = Table(title=title)
+    for column in columns:
+        table.add_column(column, no_wrap=True, min_width=min(widths[column], room))
+    for row in rows:
+        row = {**row, "address": shorten_left(str(row["address"]), room)}
+        table.add_row(*(str(row[c]) for c in columns))
+    console.print(table)

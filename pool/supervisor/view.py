@@ -46,6 +46,7 @@ def describe(info: WorkerInfo) -> dict[str, Any]:
         "address": info.address,
         "running": info.extra.get("running", "0"),
         "done": info.extra.get("done", "0"),
+        "rss": f"{info.extra['rss_mb']} MB" if "rss_mb" in info.extra else "",
     }
 
 
@@ -177,8 +178,17 @@ class LiveView:
 
 
 LOG_LINES: Final = 12
-COLUMNS: Final = ("pid", "uid", "address", "status", "running", "done", "last ms")
-NUMERIC: Final = frozenset({"pid", "running", "done", "last ms"})
+COLUMNS: Final = (
+    "pid",
+    "uid",
+    "address",
+    "status",
+    "running",
+    "done",
+    "last ms",
+    "rss",
+)
+NUMERIC: Final = frozenset({"pid", "running", "done", "last ms", "rss"})
 ADDRESS_WIDTH: Final = 22
 
 
@@ -194,6 +204,7 @@ def cells(info: WorkerInfo) -> tuple[str, ...]:
         fields["running"],
         fields["done"],
         info.extra.get("last_ms", ""),
+        fields["rss"],
     )
 
 

@@ -77,3 +77,34 @@ def test_tasks_per_second_follow_the_workers_counters() -> None:
 def test_addresses_are_shortened_from_the_left() -> None:
     assert shorten_left("127.0.0.1:5000", 22) == "127.0.0.1:5000"
     assert shorten_left("unix:/a/long/path/w-0123.sock", 12) == "…w-0123.sock"
+
+
+def test_pool_workers_at_80_columns_keeps_the_end_of_each_address(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Every row fits 80 columns, and each keeps the end of its address
+    (the socket's name, which tells workers apart), and the RSS."""
+    from pool.cli.inspect import _print_workers
+
+    monkeypatch.setenv("COLUMNS", "80")
+    columns = ["pid", "uid", "address", "status", "running", "done", "rss", "in_flight"]
+    rows = [
+        {
+            "pid": 1000 + i,
+            "uid": f"{i}abcdef0",
+            "address": f"unix:/tmp/shm-pool-0/shmp-5fb97d8ff42f/w-{i}bc53e076b3.sock",
+            "status": "ready",
+            "running": "0",
+            "done": "12",
+            "rss": "38 MB",
+            "in_flight": 0,
+        }
+        for i in range(3)
+    ]
+    _print_workers("3 workers in 'ns'", columns, rows)
+    lines = capsys.readouterr().out.splitlines()
+    assert all(len(line) <= 80 for line in lines)
+    for i in range(3):
+        assert any(
+            f"w-{i}bc53e076b3.sock" in line and "38 MB" in line for line in lines
+        )
