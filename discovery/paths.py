@@ -180,3 +180,12 @@ def check_segment_owner(path: os.PathLike[str], fd: int) -> None:
             f"the segment's mode is {stat.S_IMODE(st.st_mode):04o}",
             "remove it, or use another namespace",
         )
+
+
+def write_private(namespace: str, name: str, text: str) -> None:
+    """Write ``text`` to the file ``name`` (0600) in the namespace's directory."""
+    fd = open_private_file(namespace_dir(namespace) / name, os.O_WRONLY | os.O_TRUNC)
+    try:
+        os.write(fd, text.encode())
+    finally:
+        os.close(fd)

@@ -216,3 +216,21 @@ def hold_memory(megabytes: int, seconds: float) -> int:
     time.sleep(seconds)  # (the task's own work: the watch ends it first)
     del block
     return os.getpid()
+
+
+def set_base(value: str, log: str = "") -> None:
+    """An initializer: remember ``value`` for :func:`read_base` (and note
+    this process's pid in the file ``log``)."""
+    os.environ["SHMP_TEST_BASE"] = value
+    if log:
+        with open(log, "a") as out:
+            out.write(f"{os.getpid()}\n")
+
+
+def read_base() -> tuple[str | None, int]:
+    return os.environ.get("SHMP_TEST_BASE"), os.getpid()
+
+
+def refuse_to_start(why: str) -> None:
+    """An initializer that always fails."""
+    raise RuntimeError(f"cannot start: {why}")

@@ -38,7 +38,7 @@ from grpc_health.v1 import health, health_pb2_grpc
 
 import discovery
 from discovery import DiscoveryError, Status, WorkerInfo, backends, paths
-from workers import imports, serving
+from workers import imports, initializer, serving
 from workers.limits import Limits, MemoryWatch, parse_size, rss_bytes
 from workers.protocol import auth, worker_pb2_grpc
 from workers.service import WorkerService
@@ -69,6 +69,10 @@ def run(config: WorkerSettings) -> int:
     sys.path[:0] = [p for p in config.paths if p not in sys.path]
     imports.reload_changed(config.reload)
     logging.basicConfig(level=logging.WARNING, format="worker %(process)d: %(message)s")
+    init = config.initializer, config.initargs, config.initializer_pickle
+    if (failure := initializer.run(*init)) is not None:
+        initializer.report(config.ready_fd, failure)
+        return 1
     try:
         uvloop.run(serve(config))
     except (

@@ -317,6 +317,20 @@ MAX_MEMORY: Final = Spec(
     metavar="SIZE",
     check=parse_size,
 )
+INITIALIZER: Final = Spec(
+    None,
+    "run MODULE:FUNCTION in each worker before its first task, and in each "
+    "replacement; after 3 failures in a row the pool starts no more workers, "
+    "and every task fails with InitializerFailed",
+    metavar="MODULE:FUNCTION",
+)
+INITARGS: Final = Spec(
+    (),
+    "an argument for --initializer, a string (repeatable, in order)",
+    flag="--initarg",
+    form="append",
+    metavar="ARG",
+)
 PATHS: Final = Spec(
     (),
     "import task modules from DIR first (repeatable)",
@@ -362,6 +376,14 @@ class WorkerSettings:
     max_args_bytes: int = MAX_ARGS_BYTES_SPEC.field()
     max_tasks_per_child: int = MAX_TASKS_PER_CHILD.field()
     max_memory: str | int | None = MAX_MEMORY.field()
+    initializer: str | None = INITIALIZER.field()
+    initargs: tuple[str, ...] = INITARGS.field()
+    initializer_pickle: str | None = Spec(
+        None,
+        "the initializer and its arguments, pickled and in base64 (what "
+        "Pool(initializer=...) passes)",
+        metavar="TEXT",
+    ).field()
     paths: tuple[str, ...] = PATHS.field()
     reload: bool = RELOAD.field()
     discovery_url: str | None = DISCOVERY.field(

@@ -56,7 +56,7 @@ from pool.dispatcher.roster import Roster
 from pool.dispatcher.stealing import Withdrawals
 from pool.errors import NoWorkerAvailable, PoolStopping, WorkerLost
 from workers.protocol import codec
-from workers.protocol.worker_pb2 import Result
+from workers.protocol.worker_pb2 import Failure, Result
 
 NO_WORKER_TIMEOUT_S: Final = 30.0
 MAX_ATTEMPTS: Final = 3
@@ -116,6 +116,7 @@ class Router:
         self._settled = asyncio.Event()  # stopping, and no worker has a task
         self._exits = Exits()
         self._started = False  # every worker of the pool has started once
+        self._broken: Failure | None = None  # no worker can start: fail all
 
     # -- lifetime ------------------------------------------------------------
 
@@ -204,6 +205,8 @@ class Router:
         job.task.id = next(self._ids)
         if self.stopping:
             self._fail(job, PoolStopping(self.namespace))
+        elif self._broken is not None:
+            self._deliver(job, Result(id=job.task.id, failure=self._broken))
         elif self._unmatched(job):
             self._fail_unmatched(job)
         else:
@@ -215,6 +218,13 @@ class Router:
         self._started = True
         for job in self.queue.remove_where(self._unmatched):
             self._fail_unmatched(job)
+
+    def broken(self, failure: Failure) -> None:
+        """No worker can start (their initializer fails): what waits, and
+        whatever comes later, fails with ``failure``."""
+        self._broken = failure
+        for job in self.queue.remove_where(lambda job: True):
+            self._deliver(job, Result(id=job.task.id, failure=failure))
 
     def _unmatched(self, job: Job) -> bool:
         """Whether the pool has started and no registered worker has the

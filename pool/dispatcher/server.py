@@ -10,8 +10,9 @@ writes one ``READY {json}`` line (to ``--ready-fd``) once it serves, and
 one line for each worker it has linked (to ``--report-fd``).
 Started and owned by the supervisor, which tells it, one JSON line at a
 time on ``--control-fd`` (a pipe only the supervisor can write to), when
-the pool drains (``{"drain": true}``) and how each worker ended
-(``{"exit": {"pid": P, "status": "..."}}``).
+the pool drains (``{"drain": true}``), how each worker ended
+(``{"exit": {"pid": P, "status": "..."}}``), and that its initializer failed
+too often (``{"broken": FAILURE}``: every task fails with it from then on).
 
 It stops on SIGTERM, SIGINT, the end of the control pipe or the death of
 the process ``--parent-fd`` names: it waits a bounded time for the last
@@ -25,6 +26,7 @@ error in any ends the process, logged, with exit status 1.
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import json
 import logging
@@ -47,6 +49,7 @@ from pool.dispatcher.service import MAX_STREAM_TASKS, DispatcherService
 from pool.dispatcher.settings import DispatcherSettings
 from workers import serving
 from workers.protocol import auth
+from workers.protocol.worker_pb2 import Failure
 from workers.serving import TLS_KEY
 from workers.settings import parse
 
@@ -230,6 +233,8 @@ async def _obey(fd: int, router: Router, stopper: serving.Stopper) -> None:
                 router.started()
             if isinstance(exit := order.get("exit"), dict):
                 router.record_exit(int(exit["pid"]), str(exit["status"]))
+            if isinstance(broken := order.get("broken"), str):
+                router.broken(Failure.FromString(base64.b64decode(broken)))
         stopper.stop()
     finally:
         transport.close()

@@ -15,6 +15,7 @@ of coroutines may wait for it. Caller: the supervisor
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import dataclasses
 import json
@@ -27,6 +28,8 @@ from dataclasses import dataclass, field
 from typing import Any, Final, Protocol
 
 from pool.errors import PoolError
+from workers.initializer import INIT_FAILED_PREFIX
+from workers.protocol.worker_pb2 import Failure
 from workers.serving import READY_PREFIX
 from workers.settings import to_argv
 
@@ -91,6 +94,40 @@ def next_start(child: Child, *, restart: bool, stopping: bool) -> float | None:
 
 class ChildFailed(PoolError):
     """A child process exited or hung before it was ready."""
+
+
+class InitializerFailedInChild(ChildFailed):
+    """A worker's initializer raised: ``failure`` (a serialized Failure of
+    InitializerFailed, in base64) is what it reported."""
+
+    def __init__(self, name: str, failure: str) -> None:
+        self.failure = failure
+        message = Failure.FromString(base64.b64decode(failure)).message
+        super().__init__(f"{name}: {message}")
+
+
+MAX_INITIALIZER_FAILURES: Final = 3
+
+
+class InitializerFailures:
+    """Workers whose initializer failed, in a row: at
+    :data:`MAX_INITIALIZER_FAILURES` the pool is ``broken`` (it starts no
+    more workers, and its dispatcher fails every task with the failure)."""
+
+    def __init__(self) -> None:
+        self.in_a_row = 0
+        self.broken: str | None = None  # the failure, once broken
+
+    def failed(self, failure: str) -> bool:
+        """Count one; whether the pool is broken now (and was not)."""
+        self.in_a_row += 1
+        if self.broken is None and self.in_a_row >= MAX_INITIALIZER_FAILURES:
+            self.broken = failure
+            return True
+        return False
+
+    def succeeded(self) -> None:
+        self.in_a_row = 0
 
 
 class Process(Protocol):
@@ -187,6 +224,9 @@ async def read_ready(fd: int, process: Process, name: str) -> dict[str, Any]:
         transport.close()
     if text.startswith(READY_PREFIX):
         return json.loads(text[len(READY_PREFIX) :])  # type: ignore[no-any-return]
+    if text.startswith(INIT_FAILED_PREFIX):
+        await process.wait()
+        raise InitializerFailedInChild(name, text[len(INIT_FAILED_PREFIX) :].strip())
     code = await process.wait()
     raise ChildFailed(f"{name} exited before it was ready ({describe_exit(code)})")
 

@@ -1,41 +1,33 @@
 """The supervisor: owns a namespace, its dispatcher and its workers.
 
 :meth:`Supervisor.run` claims the namespace (``LocalDiscovery(exclusive=
-True)``: a lock held for the pool's life; what a dead pool left is
-replaced), sweeps what other dead pools of this user left, creates the
-token, starts the dispatcher and the workers in their own sessions (so a
-terminal's Ctrl-C reaches only the supervisor), writes the dispatcher's
-address for clients (and, with ``discovery_url``, announces it in Redis for
-clients of other machines: :mod:`pool.client.rendezvous`), and shows every event
-through a :class:`~pool.supervisor.view.View`.
+True)``: a lock held for the pool's life), sweeps what dead pools of this
+user left, creates the token, starts the dispatcher and the workers in
+their own sessions (so a terminal's Ctrl-C reaches only the supervisor),
+writes the dispatcher's address for clients (with ``discovery_url``, also
+in Redis: :mod:`pool.client.rendezvous`), and shows every event through a
+:class:`~pool.supervisor.view.View`.
 
-Children are forked from a :class:`~pool.supervisor.zygote.Zygote` that the
-supervisor starts first thing (its imports overlap the claim of the
-namespace). While it is down, they start the slow way, as fresh
-interpreters (``python -m workers.process``), and it is restarted.
-
-Every child gets a pidfd of the supervisor (``--parent-fd``) and exits when
-it becomes readable, that is when the supervisor dies, however it dies. The
-dispatcher also gets a pipe only the supervisor writes to
-(``--control-fd``): how each worker ended, when every worker has started
-(tasks whose tags no worker has fail at once from then on), and when the
-pool drains.
-
-With ``capture_output`` (``pool up``), each child's stdout and stderr
-share a pipe to the supervisor (``--output-fd``), whose lines the view
-shows prefixed by the child (``[w3 pid=1234] ...``).
+Children are forked from a :class:`~pool.supervisor.zygote.Zygote` started
+first thing; while it is down, they start as fresh interpreters. Each gets
+a pidfd of the supervisor (``--parent-fd``) and exits when the supervisor
+dies, however it dies. The dispatcher also gets a pipe only the supervisor
+writes to (``--control-fd``): how each worker ended, when every worker has
+started, when the pool drains, and when its initializer failed too often.
+With ``capture_output`` (``pool up``), the children's stdout and stderr
+come back through a pipe (``--output-fd``), shown prefixed by the child.
 
 A child that dies is reaped at once and replaced (with exponential
-back-off for one that dies before it is ready). A worker whose status
-stays ``"stuck"`` for ``stuck_grace_s`` is stopped and so replaced. When
-``stop`` is set it drains: it tells the dispatcher (which fails the tasks
-no worker has yet), SIGTERMs every worker and gives them ``grace_s`` to
-finish (cut short when ``kill_now`` is set), SIGKILLs the rest, then stops
-the dispatcher, which first delivers every result it has and fails the
-rest (it is given two seconds for that even after a second Ctrl-C); the
-registry's owner removes every file and segment. All its background work
-runs in one task group, so any unexpected error ends ``pool up`` (after
-the drain) with that error.
+back-off for one that dies before it is ready), unless its initializer
+failed :data:`~pool.supervisor.children.MAX_INITIALIZER_FAILURES` times in
+a row: then no worker is started again, and the dispatcher fails every
+task with that failure. A worker ``"stuck"`` for ``stuck_grace_s`` is
+stopped and so replaced. When ``stop`` is set it drains: it tells the
+dispatcher (which fails the tasks no worker has yet), SIGTERMs every worker
+and gives them ``grace_s`` (cut short by ``kill_now``), SIGKILLs the rest,
+then stops the dispatcher, which first delivers every result it has; the
+registry's owner removes every file and segment. Its background work runs
+in one task group: an unexpected error ends ``pool up`` (after the drain).
 """
 
 from __future__ import annotations
@@ -53,6 +45,8 @@ from pool.errors import PoolAlreadyRunning
 from pool.supervisor.children import (
     Child,
     ChildFailed,
+    InitializerFailedInChild,
+    InitializerFailures,
     Process,
     describe_exit,
     exit_fields,
@@ -118,6 +112,7 @@ class Supervisor:
         self._zygote: Zygote | None = None
         self._offload = Offload("supervisor")  # the registry, sweeps
         self._ready = False  # every worker has been registered once
+        self._inits = InitializerFailures()
 
     async def run(self, stop: asyncio.Event, kill_now: asyncio.Event) -> None:
         """Run the pool until ``stop``; drain; leave nothing behind.
@@ -196,7 +191,8 @@ class Supervisor:
                 restarting = self._spawn(self._zygote.watch())
             try:
                 await self._start_all()
-                await self._registrations.until_registered(self._workers)
+                broken = lambda: self._inits.broken is not None  # noqa: E731
+                await self._registrations.until_registered(self._workers, broken)
                 if self.settings.discovery_url:  # for clients of other machines
                     announced = asyncio.Event()
                     announcing = self._spawn(
@@ -269,8 +265,19 @@ class Supervisor:
         try:
             await self._start(child)
         except ChildFailed as exc:
-            self.view.note("start-failed", name=child.name, error=str(exc))
-            self._spawn(self._watch(child))
+            await self._start_failed(child, exc)
+
+    async def _start_failed(self, child: Child, exc: ChildFailed) -> None:
+        """Say why, and watch it (it is restarted); a pool whose initializer
+        fails too often is broken: its dispatcher fails every task."""
+        self.view.note("start-failed", name=child.name, error=str(exc))
+        if isinstance(exc, InitializerFailedInChild) and self._inits.failed(
+            exc.failure
+        ):
+            self.view.note("initializer-failed", error=str(exc), restarts="stopped")
+            await self._control.send(broken=exc.failure)
+            self._registrations.changed.set()  # (the pool is as ready as it gets)
+        self._spawn(self._watch(child))
 
     async def _start(self, child: Child) -> None:
         """Start a child, wait for its READY line, and watch it from then on."""
@@ -312,6 +319,8 @@ class Supervisor:
             process.kill()
             await process.wait()
             raise
+        if child is not self._dispatcher:
+            self._inits.succeeded()
         self._registrations.changed.set()  # (it looks again)
         if child is self._dispatcher:
             await self._dispatcher_ready(child.ready)
@@ -325,9 +334,11 @@ class Supervisor:
         self.remote = rendezvous.Announced(
             ready.get("remote", self.address), bool(ready.get("tls"))
         )
-        _write_private(self.settings.namespace, ADDRESS_FILE, self.address)
+        paths.write_private(self.settings.namespace, ADDRESS_FILE, self.address)
         if self._ready:
             await self._control.send(started=True)
+        if self._inits.broken is not None:
+            await self._control.send(broken=self._inits.broken)
 
     async def _fork_or_spawn(self, child: Child, fds: dict[str, int]) -> Process:
         """Fork the child from the zygote; while it is down, start a fresh
@@ -348,9 +359,8 @@ class Supervisor:
             await self._control.send(
                 exit={"pid": child.pid, "status": describe_exit(code)}
             )
-        delay = next_start(
-            child, restart=self.settings.restart, stopping=self._stopping
-        )
+        restart = self.settings.restart and self._inits.broken is None
+        delay = next_start(child, restart=restart, stopping=self._stopping)
         if delay is None:
             if not self._stopping:
                 self.view.note(f"{child.kind}-not-replaced", pid=child.pid)
@@ -361,8 +371,7 @@ class Supervisor:
         try:
             await self._start(child)
         except ChildFailed as exc:
-            self.view.note("start-failed", name=child.name, error=str(exc))
-            self._spawn(self._watch(child))
+            await self._start_failed(child, exc)
 
     # -- following -----------------------------------------------------------
 
@@ -387,13 +396,3 @@ class Supervisor:
         else:
             grace_s, hurry = DISPATCHER_STOP_S, kill_now
         await terminate([self._dispatcher.process], grace_s, hurry)
-
-
-def _write_private(namespace: str, name: str, text: str) -> None:
-    fd = paths.open_private_file(
-        paths.namespace_dir(namespace) / name, os.O_WRONLY | os.O_TRUNC
-    )
-    try:
-        os.write(fd, text.encode())
-    finally:
-        os.close(fd)

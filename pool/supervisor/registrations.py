@@ -85,9 +85,12 @@ class Registrations:
             self._view.note("worker-stuck", pid=pid, uid=uid[:8])
             await self._on_stuck(uid, pid)
 
-    async def until_registered(self, workers: Sequence[Child]) -> None:
+    async def until_registered(
+        self, workers: Sequence[Child], broken: Callable[[], bool] = lambda: False
+    ) -> None:
         """Wait until every one of ``workers`` is ready, seen registered, and
-        linked by the dispatcher.
+        linked by the dispatcher, or ``broken()`` holds (checked whenever
+        :attr:`changed` is set).
 
         :raises ChildFailed: if some are not within :data:`START_TIMEOUT_S`.
         """
@@ -98,7 +101,7 @@ class Registrations:
 
         try:
             async with asyncio.timeout(START_TIMEOUT_S):
-                while not all(map(done, workers)):
+                while not (broken() or all(map(done, workers))):
                     await self.changed.wait()
                     self.changed.clear()
         except TimeoutError:

@@ -11,7 +11,9 @@ written once. :meth:`PoolSettings.worker` and
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from pool.dispatcher.settings import (
     MAX_QUEUED_SPEC,
@@ -19,12 +21,15 @@ from pool.dispatcher.settings import (
     TLS_CA,
     DispatcherSettings,
 )
+from workers import imports, initializer
 from workers.settings import (
     ADVERTISE,
     CONCURRENCY,
     DISCOVERY,
     GRACE_S,
     HOST,
+    INITARGS,
+    INITIALIZER,
     MAX_ARGS_BYTES_SPEC,
     MAX_MEMORY,
     MAX_TASKS_PER_CHILD,
@@ -99,6 +104,8 @@ class PoolSettings:
     )
     max_tasks_per_child: int = MAX_TASKS_PER_CHILD.field()
     max_memory: str | int | None = MAX_MEMORY.field()
+    initializer: str | Callable[..., Any] | None = INITIALIZER.field()  # noqa: RUF009
+    initargs: tuple[Any, ...] = INITARGS.field()
     restart: bool = Spec(
         True,
         "report dead workers but do not replace them",
@@ -137,6 +144,7 @@ class PoolSettings:
                 "dispatcher checks it against the CA (for a self-signed "
                 "certificate, give it as its own CA)"
             )
+        object.__setattr__(self, "initargs", tuple(self.initargs))
         for name in ("tls_ca", "tls_cert", "tls_key"):
             if (path := getattr(self, name)) is not None:
                 object.__setattr__(self, name, os.path.abspath(path))
@@ -147,8 +155,16 @@ class PoolSettings:
         return max(self.capacity, 2 * self.workers)
 
     def worker(self) -> WorkerSettings:
-        """What each worker is started with (its descriptors aside)."""
+        """What each worker is started with (its descriptors aside): a
+        callable initializer, or arguments that are not strings, pickled."""
+        init, args = self.initializer, self.initargs
+        by_name = init is None or (
+            isinstance(init, str) and all(isinstance(a, str) for a in args)
+        )
         return WorkerSettings(
+            initializer=init if by_name else None,  # type: ignore[arg-type]
+            initargs=args if by_name else (),
+            initializer_pickle=None if by_name else _pickled(init, args),
             namespace=self.namespace,
             concurrency=self.concurrency,
             tags=self.tags,
@@ -179,3 +195,9 @@ class PoolSettings:
             no_worker_timeout_s=self.no_worker_timeout_s,
             max_queued=self.max_queued,
         )
+
+
+def _pickled(init: str | Callable[..., Any] | None, args: tuple[Any, ...]) -> str:
+    fn = imports.resolve(init) if isinstance(init, str) else init
+    assert fn is not None
+    return initializer.pickled(fn, args)

@@ -52,6 +52,22 @@ class ResultTooLarge(TaskError):
     status: ClassVar[grpc.StatusCode] = grpc.StatusCode.RESOURCE_EXHAUSTED
 
 
+class InitializerFailed(TaskError):
+    """The pool's initializer failed in its workers, so often that the pool
+    starts no more: no task can run. ``exception`` is the initializer's own
+    exception (None if it did not pickle); the remote traceback, its
+    traceback, is the ``__cause__``."""
+
+    status: ClassVar[grpc.StatusCode] = grpc.StatusCode.FAILED_PRECONDITION
+
+    def __init__(self, message: str, exception: BaseException | None = None) -> None:
+        super().__init__(message, exception)
+        self.exception = exception
+
+    def __str__(self) -> str:
+        return str(self.args[0])
+
+
 class TaskIdReused(BadTask):
     """The task's id is already in flight on its stream."""
 
