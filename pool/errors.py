@@ -17,16 +17,16 @@ class PoolError(Exception):
 class PoolNotRunning(PoolError, ConnectionError):
     """No pool serves the namespace. Start one, then retry."""
 
-    def __init__(self, namespace: str, detail: str = "") -> None:
-        super().__init__(namespace, detail)
-        self.namespace, self.detail = namespace, detail
+    def __init__(self, namespace: str, detail: str = "", hint: str = "") -> None:
+        super().__init__(namespace, detail, hint)
+        self.namespace, self.detail, self.hint = namespace, detail, hint
 
     def __str__(self) -> str:
         why = f" ({self.detail})" if self.detail else ""
-        return (
-            f"no pool is running in namespace {self.namespace!r}{why}; start one "
-            f"with `python -m pool up --namespace {self.namespace}`"
+        hint = self.hint or (
+            f"start one with `python -m pool up --namespace {self.namespace}`"
         )
+        return f"no pool is running in namespace {self.namespace!r}{why}; {hint}"
 
 
 class PoolStopping(PoolNotRunning):

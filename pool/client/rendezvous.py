@@ -186,7 +186,9 @@ class Locator:
 
     def _unreachable(self, exc: BaseException) -> PoolNotRunning:
         return PoolNotRunning(
-            self.namespace, f"cannot reach {self.discovery_url}: {exc}"
+            self.namespace,
+            f"cannot reach the registry at {self.discovery_url}: {exc}",
+            "check that Redis runs there and that the URL is right",
         )
 
     def _target(self, found: object) -> Target:

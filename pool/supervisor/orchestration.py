@@ -113,6 +113,7 @@ class Supervisor:
         self._offload = Offload("supervisor")  # the registry, sweeps
         self._ready = False  # every worker has been registered once
         self._inits = InitializerFailures()
+        self._claimed = False  # the namespace is this pool's
 
     async def run(self, stop: asyncio.Event, kill_now: asyncio.Event) -> None:
         """Run the pool until ``stop``; drain; leave nothing behind.
@@ -127,7 +128,7 @@ class Supervisor:
         registry = LocalDiscovery(
             settings.namespace, capacity=settings.registry_capacity, exclusive=True
         )
-        zygote = Zygote(lambda what, pid: self.view.note(f"zygote-{what}", pid=pid))
+        zygote = Zygote(self._zygote_news)
         entered = False
         try:
             await self._claim(registry, zygote)
@@ -148,10 +149,7 @@ class Supervisor:
 
     async def _claim(self, registry: LocalDiscovery, zygote: Zygote) -> None:
         """Own the namespace, while the zygote starts (its imports take the
-        longest).
-
-        :raises PoolAlreadyRunning: if a live pool owns it.
-        """
+        longest). :raises PoolAlreadyRunning: if a live pool owns it."""
         owner = None
         async with asyncio.TaskGroup() as starting:
             starting.create_task(self._warm(zygote))
@@ -161,6 +159,13 @@ class Supervisor:
                 owner = exc.pid
         if owner is not None:
             raise PoolAlreadyRunning(self.settings.namespace, owner)
+        self._claimed = True  # (what the zygote says is shown from now on)
+        if zygote.ready:
+            self._zygote_news("ready", zygote.pid)
+
+    def _zygote_news(self, what: str, pid: int) -> None:
+        if self._claimed:
+            self.view.note(f"zygote-{what}", pid=pid)
 
     async def _prepare(self) -> None:
         """What the children need: other pools' leftovers gone, the token,
@@ -213,8 +218,7 @@ class Supervisor:
                         task.cancel()
                 self.view.note("stopping", namespace=self.settings.namespace)
                 await self._stop_all(kill_now)
-                if self._relays:  # the children's last lines (a grandchild
-                    # that kept their pipe open is not waited for long)
+                if self._relays:  # the children's last lines (not for long)
                     await asyncio.wait(self._relays, timeout=OUTPUT_DRAIN_S)
                 for task in self._background:
                     task.cancel()
@@ -252,10 +256,8 @@ class Supervisor:
         self._workers = [
             Child(f"worker-{i}", WORKER_ENTRY, worker) for i in range(settings.workers)
         ]
-        # All at once: workers need only the registry and the token, and the
-        # dispatcher finds them in the registry whenever it comes up. A worker
-        # that fails to start is retried like any dead worker; a dispatcher
-        # that fails ends `pool up` (its trouble is most likely the setup).
+        # All at once (the dispatcher finds workers whenever it comes up). A
+        # worker that fails is retried; a dispatcher that fails ends the pool.
         async with asyncio.TaskGroup() as starting:
             starting.create_task(self._start(dispatcher))
             for child in self._workers:

@@ -10,6 +10,7 @@ import pickle
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import grpc
@@ -133,3 +134,33 @@ async def test_a_refusal_fails_every_task_for_good() -> None:
         later = await asyncio.wait_for(submit(connection, 2).outcome(), 20)
         assert isinstance(later, PoolRefused)  # at once, with no new stream
     assert len(dispatcher.received) == 1
+
+
+def test_an_unreachable_registry_says_what_failed_not_to_start_a_pool() -> None:
+    """A client whose Redis is down (or whose URL is wrong) is told so; the
+    advice to start a pool would be wrong."""
+    from pool import Client, PoolNotRunning
+
+    with pytest.raises(PoolNotRunning) as raised:
+        Client("nobody-here", discovery_url="redis://127.0.0.1:1")
+    message = str(raised.value)
+    assert "cannot reach the registry at redis://127.0.0.1:1" in message
+    assert "check that Redis runs there" in message and "pool up" not in message
+
+
+def test_a_token_file_others_can_read_is_warned_of(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """As ssh does of a key: mode 644 is named, with the fix; 600 is quiet."""
+    from workers.protocol import auth
+
+    token = tmp_path / "token"
+    token.write_text("t" * 40)
+    token.chmod(0o644)
+    assert auth.token_for("nobody-here", str(token)) == "t" * 40
+    assert "can be read by others (mode 0644)" in caplog.text
+    assert f"chmod 600 {token}" in caplog.text
+    caplog.clear()
+    token.chmod(0o600)
+    auth.token_for("nobody-here", str(token))
+    assert "read by others" not in caplog.text

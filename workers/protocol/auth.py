@@ -15,8 +15,10 @@ misreading each other's messages.
 from __future__ import annotations
 
 import hmac
+import logging
 import os
 import secrets
+import stat
 from collections.abc import Awaitable, Callable
 from typing import Any, Final
 
@@ -93,6 +95,7 @@ def token_for(namespace: str, token_file: str | None = None) -> str:
     if token_file is not None:
         try:
             with open(token_file, encoding="ascii") as source:
+                _warn_if_shared(token_file, os.fstat(source.fileno()).st_mode)
                 return _checked(source.read().strip(), token_file)
         except (OSError, UnicodeDecodeError) as exc:
             raise BadToken(
@@ -101,6 +104,18 @@ def token_for(namespace: str, token_file: str | None = None) -> str:
     if (given := os.environ.get(TOKEN_ENV)) is not None:
         return _checked(given.strip(), f"${TOKEN_ENV}")
     return read_token(namespace)
+
+
+def _warn_if_shared(path: str, mode: int) -> None:
+    """Warn, as ssh does of a key, when others may read the token file."""
+    if mode & 0o077:
+        logging.getLogger("shm-pool").warning(
+            "warning: the token file %s can be read by others (mode %04o): "
+            "whoever reads it can run code in the pool; chmod 600 %s",
+            path,
+            stat.S_IMODE(mode),
+            path,
+        )
 
 
 def _checked(token: str, source: str) -> str:

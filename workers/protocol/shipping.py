@@ -324,6 +324,7 @@ def where_imports_look() -> str:
     return (
         f"the worker imports from sys.path[0]={first or os.getcwd()!r} and its "
         f"working directory {os.getcwd()!r}; start the pool with `pool up "
-        f"--path DIR`, set PYTHONPATH, or pass ship_modules=[module] to the "
-        f"client to send the module with the task"
+        f"--path DIR` (a worker started on its own: `python -m workers --path "
+        f"DIR`), set PYTHONPATH, or pass ship_modules=[module] to the client "
+        f"to send the module with the task"
     )
