@@ -37,6 +37,16 @@ def output_line(name: str, pid: int, text: str) -> str:
     return f"[{name} pid={pid}] {text}"
 
 
+def output_text(name: str, pid: int, text: str) -> Text:
+    """A line a child wrote, for the live view: its colours kept, every
+    other escape (a cursor move, a screen clear) and control character
+    dropped, so that a task cannot redraw the terminal."""
+    kept = "".join(c for c in text if c == "\x1b" or c.isprintable())
+    return Text.from_ansi(
+        output_line(name, pid, kept), style="cyan", no_wrap=True, overflow="ellipsis"
+    )
+
+
 def describe(info: WorkerInfo) -> dict[str, Any]:
     """The fields of a worker a line shows."""
     return {
@@ -132,7 +142,7 @@ class LiveView:
         self._refresh()
 
     def output(self, name: str, pid: int, text: str) -> None:
-        self._log.append(_line(output_line(name, pid, text), "cyan"))
+        self._log.append(output_text(name, pid, text))
         self._refresh()
 
     def tick(self, queued: int | None) -> None:

@@ -108,3 +108,14 @@ def test_pool_workers_at_80_columns_keeps_the_end_of_each_address(
         assert any(
             f"w-{i}bc53e076b3.sock" in line and "38 MB" in line for line in lines
         )
+
+
+def test_a_tasks_escapes_do_not_reach_the_terminal_raw() -> None:
+    """Colours are kept as styles; a screen clear, a cursor move, a title
+    change and a bell are dropped."""
+    from pool.supervisor.view import output_text
+
+    line = output_text("w1", 42, "ok \x1b[31mred\x1b[0m \x1b[2J\x1b[H\x1b]0;t\x07\x07!")
+    assert "\x1b" not in line.plain and "\x07" not in line.plain
+    assert line.plain.startswith("[w1 pid=42] ok red") and line.plain.endswith("!")
+    assert [line.plain[span.start : span.end] for span in line.spans] == ["red"]
