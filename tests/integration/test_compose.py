@@ -45,6 +45,7 @@ def test_the_compose_file_is_valid(compose: Path, tmp_path: Path) -> None:
     shutil.copy(compose, tmp_path / compose.name)
     shutil.copy(ROOT / "Dockerfile", tmp_path / "Dockerfile")
     (tmp_path / "token").write_text(secrets.token_hex(32))
+    (tmp_path / "token").chmod(0o600)
     (tmp_path / "tasks").mkdir()
     done = subprocess.run(
         ["docker-compose", "-f", compose.name, "config", "-q"],

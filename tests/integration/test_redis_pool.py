@@ -296,6 +296,7 @@ def test_a_client_of_another_machine_finds_the_pool_through_redis(
         assert "--token-file PATH" in tokenless.stderr
         wrong = tmp_path / "wrong"
         wrong.write_text(secrets.token_hex(32))
+        wrong.chmod(0o600)
         mistaken = there("submit", *call, "--token-file", str(wrong))
         assert mistaken.returncode == 1
         assert mistaken.stderr.startswith(f"{refused} it does not take our token")
@@ -320,6 +321,7 @@ def test_the_dispatcher_can_serve_tls_to_clients_of_other_machines(
     cert, key = _self_signed(tmp_path, "127.0.0.1")
     token = tmp_path / "token"
     token.write_text(secrets.token_hex(32))
+    token.chmod(0o600)
     url = redis_server.url
     tls = ["--tls-cert", str(cert), "--tls-key", str(key), "--tls-ca", str(cert)]
     options = ["--discovery", url, "--token-file", str(token), "--host", "127.0.0.1"]
