@@ -156,7 +156,10 @@ def dumps(value: Any, *, by_value: bool = False) -> bytes:
         except (pickle.PicklingError, AttributeError, TypeError):
             pass
         else:
-            if not any(mark in data for mark in _by_value_marks):
+            for mark in _by_value_marks:  # (a loop: cheaper than any() here)
+                if mark in data:
+                    break
+            else:
                 return data
     return _by_value(value)
 
