@@ -234,3 +234,10 @@ def read_base() -> tuple[str | None, int]:
 def refuse_to_start(why: str) -> None:
     """An initializer that always fails."""
     raise RuntimeError(f"cannot start: {why}")
+
+
+def boxed_unless(bad: int, value: int) -> Box:
+    """A Box of ``value``; raises for ``bad``."""
+    if value == bad:
+        raise ValueError(f"{value} is bad")
+    return Box(value)

@@ -185,6 +185,32 @@ def test_map_releases_each_result_once_yielded(executor: Client) -> None:
         assert [box.value for box in results] == [2, 3]
 
 
+def test_map_lets_go_of_each_result_as_cpythons_test_free_reference_asks(
+    executor: Client,
+) -> None:
+    """CPython's test_free_reference, on every path of map: the default
+    (probes, then adaptive chunks), and a chunk holding a failure, whose
+    values before it are yielded one by one."""
+    import functools
+
+    for results in (
+        executor.map(sample_tasks.boxed, range(100)),
+        executor.map(functools.partial(sample_tasks.boxed_unless, 99), range(100)),
+    ):
+        seen = 0
+        try:
+            for obj in results:
+                gone = weakref.ref(obj)
+                del obj
+                gc.collect()
+                assert gone() is None, f"result {seen} is still held"
+                seen += 1
+        except ValueError:
+            assert seen == 99
+        else:
+            assert seen == 100
+
+
 def test_map_timeout_counts_from_the_call(executor: Client, gate: Gate) -> None:
     """map's timeout runs from the call to map, not from the first next():
     with the deadline already past, next() raises at once even though the
