@@ -219,24 +219,29 @@ def chart(results: dict[str, dict[str, float]], path: str) -> None:
         import matplotlib.pyplot as plt
     except ImportError:
         raise SystemExit(
-            "--chart needs matplotlib: pip install 'shm-pool[bench]'"
+            "--chart needs matplotlib: .venv/bin/pip install -e '.[bench]'"
         ) from None
     peers = [name for name in results if name != OURS]
     if not peers:
         raise SystemExit("--chart compares with peers: add --peers")
     ours = results[OURS]
     figures = [f for f in FIGURES if f.key in ours and f.key in results[peers[0]]]
-    fig, axes = plt.subplots(figsize=(9, 4.5))
+    fig, axes = plt.subplots(figsize=(11, 5.5))
     width = 0.8 / len(peers)
     for i, peer in enumerate(peers):
         values = [ratio(f, ours[f.key], results[peer][f.key]) for f in figures]
         positions = [x + i * width for x in range(len(figures))]
-        axes.bar(positions, values, width, label=f"vs {peer}")
+        # From 1.0 (even), up for a gain and down for a loss.
+        bars = axes.bar(
+            positions, [v - 1 for v in values], width, bottom=1.0, label=f"vs {peer}"
+        )
+        axes.bar_label(bars, labels=[f"{v:.2f}x" for v in values], fontsize=7)
     axes.axhline(1.0, color="black", linewidth=0.8)
     axes.set_xticks([x + width * (len(peers) - 1) / 2 for x in range(len(figures))])
-    axes.set_xticklabels([f.key for f in figures])
-    axes.set_ylabel("times better (shm-pool / peer)")
+    axes.set_xticklabels([f.label for f in figures], rotation=30, ha="right")
+    axes.set_ylabel("times better than the peer (above 1: shm-pool is ahead)")
     axes.set_yscale("log")
+    axes.set_title("shm-pool against its peers, same machine, same run")
     axes.legend()
     fig.tight_layout()
     fig.savefig(path)
