@@ -57,7 +57,9 @@ def run_bench(args: argparse.Namespace) -> int:
     if args.chart and not args.peers:
         raise UsageError("--chart draws the ratios to the peers: add --peers")
     if args.chart and importlib.util.find_spec("matplotlib") is None:
-        raise UsageError("--chart needs matplotlib: .venv/bin/pip install -e '.[bench]'")
+        raise UsageError(
+            "--chart needs matplotlib: .venv/bin/pip install -e '.[bench]'"
+        )
     if args.namespace is not None:
         Client(args.namespace).shutdown()  # a clear error if it is not running
     settings = suite.Settings(
