@@ -29,6 +29,19 @@ from watchdog.observers.api import BaseObserver, ObservedWatch
 
 log = logging.getLogger(__name__)
 
+
+class _StoppedEmitter(logging.Filter):
+    """Drops what watchdog's inotify emitter logs at ERROR when it is
+    stopped while it waits for an event (a race inside watchdog, seen on a
+    double Ctrl-C and when an embedded pool stops): nothing is lost, the
+    watch is going away."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "called when the thread is inactive" not in record.getMessage()
+
+
+logging.getLogger("watchdog.observers.inotify").addFilter(_StoppedEmitter())
+
 Callback = Callable[[], None]
 
 
