@@ -336,3 +336,65 @@ def test_a_client_of_a_dead_pool_fails_at_once(namespace: str) -> None:
     with pytest.raises(PoolNotRunning, match="its last pool died"):
         Client(namespace)
     assert reclaim(namespace)
+
+
+# -- the behaviours CPython's executor tests check, with our own code ---------
+
+
+def _capture(*args: object, **kwargs: object) -> tuple[object, object]:
+    return args, kwargs
+
+
+class _Owner:
+    def method(self) -> None:
+        pass
+
+
+def test_submit_passes_self_and_fn_as_keywords(executor: Client) -> None:
+    """As CPython's test_submit_keyword: ``self`` and ``fn`` are the task's
+    keywords; without a positional callable, submit raises TypeError."""
+    assert executor.submit(sample_tasks.mul, 2, y=8).result(30) == 16
+    got = executor.submit(_capture, 1, self=2, fn=3).result(30)
+    assert got == ((1,), {"self": 2, "fn": 3})
+    with pytest.raises(TypeError):
+        executor.submit(fn=_capture, arg=1)  # type: ignore[call-arg]
+    with pytest.raises(TypeError):
+        executor.submit(arg=1)  # type: ignore[call-arg]
+
+
+def test_map_raises_at_the_failing_call_after_the_ones_before(
+    executor: Client,
+) -> None:
+    results = executor.map(divmod, [1, 1, 1, 1], [2, 3, 0, 5])
+    assert next(results) == (0, 1) and next(results) == (0, 1)
+    with pytest.raises(ZeroDivisionError):
+        next(results)
+
+
+def test_no_stale_reference_to_a_submitted_callable(executor: Client) -> None:
+    """As CPython's test_no_stale_references: a bound method's object is
+    collected once its future is dropped and the task is done."""
+    owner = _Owner()
+    collected = threading.Event()
+    gone = weakref.ref(owner, lambda _: collected.set())
+    executor.submit(owner.method)  # the future is dropped at once
+    del owner
+    for _ in range(60):
+        gc.collect()
+        if collected.wait(0.5):
+            break
+    assert collected.is_set() and gone() is None
+
+
+def test_shutdown_right_after_a_map_it_never_read(executor: Client) -> None:
+    """As CPython's test_shutdown_race_issue12456: no hang."""
+    executor.map(str, [2] * (WORKERS + 1))
+    executor.shutdown()
+
+
+@pytest.mark.parametrize("workers", [0, -1])
+def test_a_pool_of_no_workers_is_a_value_error(workers: int) -> None:
+    """ProcessPoolExecutor(max_workers=0) is a ValueError; so is Pool(workers=0)
+    (its message names our setting)."""
+    with pytest.raises(ValueError, match="workers must be at least 1"):
+        Pool(workers=workers)
