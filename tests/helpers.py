@@ -192,3 +192,27 @@ def children_of(pid: int) -> list[int]:
         with suppress(OSError):
             found += [int(p) for p in (task / "children").read_text().split()]
     return found
+
+
+def run_script(
+    directory: Path, name: str, text: str, timeout_s: float = 120
+) -> list[str]:
+    """Run ``text`` as the script ``name`` in ``directory``, by path from
+    another directory (so its module is ``__main__``, with no PYTHONPATH to
+    find it by); the lines it printed.
+
+    :raises AssertionError: with its stderr, if it exits with an error.
+    """
+    script = directory / name
+    script.write_text(text)
+    elsewhere = directory / "elsewhere"
+    elsewhere.mkdir(exist_ok=True)
+    done = subprocess.run(
+        [sys.executable, str(script)],
+        cwd=elsewhere,
+        capture_output=True,
+        text=True,
+        timeout=timeout_s,
+    )
+    assert done.returncode == 0, done.stderr
+    return done.stdout.splitlines()

@@ -15,14 +15,13 @@ it would have said READY, and exits 1. Its supervisor counts such failures
 from __future__ import annotations
 
 import base64
-import os
 import pickle
 import sys
 import traceback
 from collections.abc import Callable, Sequence
 from typing import Any, Final
 
-from workers import imports
+from workers import imports, serving
 from workers.protocol import codec, shipping
 from workers.protocol.errors import InitializerFailed
 from workers.protocol.worker_pb2 import Failure
@@ -77,13 +76,5 @@ def report(ready_fd: int | None, failure: Failure) -> None:
     """Tell the parent the initializer failed: one ``INIT-FAILED`` line on
     ``ready_fd`` (then closed), or on stdout; and say it on stderr."""
     print(f"worker: error: {failure.message}", file=sys.stderr, flush=True)
-    line = INIT_FAILED_PREFIX + base64.b64encode(failure.SerializeToString()).decode()
-    data = (line + "\n").encode()
-    if ready_fd is None:
-        sys.stdout.buffer.write(data)
-        sys.stdout.flush()
-        return
-    try:
-        os.write(ready_fd, data)
-    finally:
-        os.close(ready_fd)
+    encoded = base64.b64encode(failure.SerializeToString()).decode()
+    serving.tell_parent(ready_fd, INIT_FAILED_PREFIX + encoded)

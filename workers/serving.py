@@ -193,13 +193,18 @@ def announce_ready(ready_fd: int | None, **fields: Any) -> None:
     A dedicated descriptor keeps stdout free for what tasks print: a parent
     that stopped reading a stdout pipe would stall a chatty task.
     """
-    line = (READY_PREFIX + json.dumps(fields) + "\n").encode()
+    tell_parent(ready_fd, READY_PREFIX + json.dumps(fields))
+
+
+def tell_parent(ready_fd: int | None, line: str) -> None:
+    """Write ``line`` on ``ready_fd`` (then closed), or on stdout."""
+    data = (line + "\n").encode()
     if ready_fd is None:
-        sys.stdout.buffer.write(line)
+        sys.stdout.buffer.write(data)
         sys.stdout.flush()
         return
     try:
-        os.write(ready_fd, line)
+        os.write(ready_fd, data)
     finally:
         os.close(ready_fd)
 

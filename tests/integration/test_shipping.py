@@ -4,7 +4,6 @@ import travels by value (workers/shipping.py), against real pools."""
 from __future__ import annotations
 
 import importlib
-import subprocess
 import sys
 import textwrap
 from collections.abc import Iterator
@@ -15,7 +14,7 @@ import pytest
 
 import pool
 from pool import Client
-from tests.helpers import DEADLINE_S
+from tests.helpers import DEADLINE_S, run_script
 from tests.pools import running_pool
 
 pytestmark = pytest.mark.integration
@@ -103,19 +102,7 @@ def test_a_script_submits_a_lambda_a_main_function_and_a_partial(
     sort key, a dataclass given to an importable function); a remote
     traceback shows the script's line; asyncio's run_in_executor takes the
     client; and the client says the pool's slots, as dask reads them."""
-    script = tmp_path / "script.py"
-    script.write_text(SCRIPT)
-    elsewhere = tmp_path / "elsewhere"
-    elsewhere.mkdir()
-    done = subprocess.run(
-        [sys.executable, str(script)],
-        cwd=elsewhere,
-        capture_output=True,
-        text=True,
-        timeout=90,
-    )
-    assert done.returncode == 0, done.stderr
-    assert done.stdout.splitlines() == [
+    assert run_script(tmp_path, "script.py", SCRIPT, timeout_s=90) == [
         "lambda 42",
         "main Point(x=2, y=4) True",
         "partial 1024",

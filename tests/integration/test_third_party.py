@@ -3,11 +3,11 @@ schedulers and numpy, from a script run by path in another directory."""
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+
+from tests.helpers import run_script
 
 pytestmark = pytest.mark.integration
 
@@ -62,19 +62,7 @@ def test_dask_and_numpy_run_unchanged_on_a_pool(tmp_path: Path) -> None:
     scheduler takes the client as its pool and reads its _max_workers. The
     results equal dask's own, computed in the script; a numpy array comes
     back bit for bit."""
-    script = tmp_path / "dask_script.py"
-    script.write_text(SCRIPT)
-    elsewhere = tmp_path / "elsewhere"
-    elsewhere.mkdir()
-    done = subprocess.run(
-        [sys.executable, str(script)],
-        cwd=elsewhere,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert done.returncode == 0, done.stderr
-    assert done.stdout.splitlines() == [
+    assert run_script(tmp_path, "dask_script.py", SCRIPT, timeout_s=120) == [
         "graph 13 True",
         "delayed True",
         "bag 50 True",
