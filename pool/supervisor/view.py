@@ -119,6 +119,7 @@ class LiveView:
             self.render(), console=console, auto_refresh=False, transient=False
         )
         self._live.start()
+        self._width = self._live.console.width
 
     def event(self, event: DiscoveryEvent) -> None:
         info = event.worker_info
@@ -157,6 +158,12 @@ class LiveView:
         self._log.append(_line(f"{stamp} {kind:<15} {text}", style.get(kind, "")))
 
     def _refresh(self) -> None:
+        console = self._live.console
+        if console.width != self._width:
+            # The terminal reflowed what was drawn at the old width, so the
+            # redraw would not land on it (a title left twice): start clean.
+            self._width = console.width
+            console.clear()
         self._live.update(self.render(), refresh=True)
 
     def render(self) -> Group:

@@ -119,3 +119,28 @@ def test_a_tasks_escapes_do_not_reach_the_terminal_raw() -> None:
     assert "\x1b" not in line.plain and "\x07" not in line.plain
     assert line.plain.startswith("[w1 pid=42] ok red") and line.plain.endswith("!")
     assert [line.plain[span.start : span.end] for span in line.spans] == ["red"]
+
+
+def test_the_live_view_starts_clean_when_the_terminal_is_resized() -> None:
+    """From 100 columns to 80, the screen is cleared before the redraw
+    (the terminal reflowed the old one: else its title stays twice); no
+    clear while the width holds."""
+    import io
+
+    from rich.console import Console
+
+    from pool.supervisor.view import LiveView
+
+    out = io.StringIO()
+    console = Console(file=out, width=100, force_terminal=True)
+    view = LiveView("resized", console)
+    try:
+        view.tick(0)
+        assert "\x1b[2J" not in out.getvalue()
+        console.width = 80
+        view.tick(0)
+        assert out.getvalue().count("\x1b[2J") == 1
+        view.tick(0)
+        assert out.getvalue().count("\x1b[2J") == 1
+    finally:
+        view.close()
