@@ -21,7 +21,7 @@ for what each figure means.
 NAMESPACE_HELP = """measure this running pool (default: start one in this
 process; start, replacement and CPU-bound figures need that)"""
 CHART_HELP = """also write a bar chart of the ratios (needs --peers and the
-`bench` extra: pip install 'shm-pool[bench]')"""
+`bench` extra: .venv/bin/pip install -e '.[bench]')"""
 
 
 def add(commands: Commands) -> None:
