@@ -1,21 +1,10 @@
-"""Settings of a pool process, declared once.
-
-Each process (worker, dispatcher, supervisor) has one frozen dataclass of
-its settings. A field is declared from a :class:`Spec`: its default, its
-help, its bounds and its flag, written once and shared by every process
-that takes the same setting (``pool up --grace-s`` and ``python -m workers
---grace-s`` are one :data:`GRACE_S`). From the dataclass come:
-
-- its validation (:func:`check`, called by each ``__post_init__``), which
-  raises :class:`SettingError` naming the setting and the bad value;
-- its command line (:func:`add_arguments`, :func:`from_arguments`,
-  :func:`parse`: a bad value exits 2, as argparse's own errors do);
-- the command line that starts it the slow way (:func:`to_argv`), when the
-  zygote, which hands a child its dataclass, is down.
-
-The worker's own settings are :class:`WorkerSettings`; the dispatcher's
-and the supervisor's live beside them (:mod:`pool.dispatcher.settings`,
-:mod:`pool.supervisor.settings`).
+"""Settings of a pool process, declared once: each process has a frozen
+dataclass, each field from a :class:`Spec` (default, help, bounds,
+flag) shared by every process that takes the setting. From it come its
+validation (:func:`check`: a :class:`SettingError` names setting and
+value), its command line (:func:`add_arguments`, :func:`parse`: a bad
+value exits 2) and the slow way's (:func:`to_argv`, while the zygote is
+down). The worker's are :class:`WorkerSettings`.
 """
 
 from __future__ import annotations
@@ -379,10 +368,7 @@ class WorkerSettings:
     initializer: str | None = INITIALIZER.field()
     initargs: tuple[str, ...] = INITARGS.field()
     initializer_pickle: str | None = Spec(
-        None,
-        "the initializer and its arguments, pickled and in base64 (what "
-        "Pool(initializer=...) passes)",
-        metavar="TEXT",
+        None, "the Pool(initializer=...) given, pickled, in base64", metavar="TEXT"
     ).field()
     paths: tuple[str, ...] = PATHS.field()
     reload: bool = RELOAD.field()
