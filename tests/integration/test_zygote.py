@@ -3,6 +3,7 @@ not, and still start (the slow way) while a dead zygote is restarted."""
 
 from __future__ import annotations
 
+import concurrent.futures
 import ctypes
 import os
 import signal
@@ -74,22 +75,30 @@ def workers_started(up: RunningPool) -> list[int]:
     return [field(line, "pid") for line in up.lines.seen if "worker-started" in line]
 
 
+# More than the tasks 16 workers have at once (one each, and what they hold).
+FIRST_IN_LINE = 64
+
+
 def test_forked_workers_inherit_nothing_through_64_replacements(
     namespace: str,
 ) -> None:
-    """16 workers are SIGKILLed 4 times while a map runs: each of the 64
+    """16 workers are SIGKILLed 4 times while 3000 tasks run: each of the 64
     replacements is forked by the zygote, registers, shares no open file with
     the zygote or the supervisor but stdout, stderr and the supervisor's
-    pidfd, and no child ever exits but those killed; every result is right."""
+    pidfd, and no child ever exits but those killed; every result is right.
+    Before each next round, the tasks that were first in line at the last
+    one have finished: else one of them could be in flight at three rounds
+    and fail, rightly, with WorkerLost."""
     with running_pool(namespace, "--workers", "16") as up:
         zygote = next(
             field(line, "pid") for line in up.lines.seen if "zygote-ready" in line
         )
         supervisor = up.proc.pid
         with Client(namespace) as client:
-            busy = client.map(sample_tasks.work, range(3000), timeout=200)
+            busy = [client.submit(sample_tasks.work, x) for x in range(3000)]
             killed: set[int] = set()
             for _ in range(4):
+                first = [f for f in busy if not f.done()][:FIRST_IN_LINE]
                 current = {w.pid for w in list_workers(namespace)}
                 for pid in current:  # (stopped first: see tests/grpc_first.py)
                     os.kill(pid, signal.SIGSTOP)
@@ -113,7 +122,8 @@ def test_forked_workers_inherit_nothing_through_64_replacements(
                     assert ppid_of(pid) == zygote, notes
                     assert list(inherited(pid, [zygote, supervisor])) == []
                     assert os.readlink(f"/proc/{pid}/fd/0") == "/dev/null"
-            assert list(busy) == [x * x for x in range(3000)]
+                concurrent.futures.wait(first, timeout=60)
+            assert [f.result(timeout=200) for f in busy] == [x * x for x in range(3000)]
         up.stop()
         while up.lines.next():  # the rest of its output
             pass
