@@ -29,8 +29,9 @@ from workers.protocol.worker_pb2 import Failure
 INIT_FAILED_PREFIX: Final = "INIT-FAILED "
 
 
-def pickled(fn: Callable[..., Any], args: Sequence[Any]) -> str:
-    """``fn`` and ``args`` as ``--initializer-pickle`` takes them."""
+def pickled(fn: Callable[..., Any] | str, args: Sequence[Any]) -> str:
+    """``fn`` (or its ``module:function`` name, resolved in the worker) and
+    ``args`` as ``--initializer-pickle`` takes them."""
     return base64.b64encode(shipping.dumps((fn, tuple(args)))).decode()
 
 
@@ -45,7 +46,10 @@ def run(
     try:
         if pickle_text:
             fn, call_args = pickle.loads(base64.b64decode(pickle_text))
-            label = getattr(fn, "__qualname__", None) or repr(fn)
+            if isinstance(fn, str):  # a name given with arguments of any kind
+                label, fn = fn, imports.resolve(fn)
+            else:
+                label = getattr(fn, "__qualname__", None) or repr(fn)
         else:
             assert name is not None
             fn, call_args = imports.resolve(name), tuple(args)

@@ -76,7 +76,7 @@ class Limits:
     def take_start(self) -> bool:
         """Whether a task may start now (the caller holds the claim lock);
         the last start allowed sets :attr:`why`."""
-        if self._starts_left == 0 or self.why is not None:
+        if self.why is not None:  # (set by the last start allowed, or memory)
             return False
         if self._starts_left > 0:
             self._starts_left -= 1

@@ -21,7 +21,7 @@ from pool.dispatcher.settings import (
     TLS_CA,
     DispatcherSettings,
 )
-from workers import imports, initializer
+from workers import initializer
 from workers.settings import (
     ADVERTISE,
     CONCURRENCY,
@@ -198,6 +198,5 @@ class PoolSettings:
 
 
 def _pickled(init: str | Callable[..., Any] | None, args: tuple[Any, ...]) -> str:
-    fn = imports.resolve(init) if isinstance(init, str) else init
-    assert fn is not None
-    return initializer.pickled(fn, args)
+    assert init is not None  # (a name is resolved in the worker, not here)
+    return initializer.pickled(init, args)
