@@ -215,8 +215,9 @@ def existing_file(flag: str) -> Callable[[str], None]:
     """A check that a path names a file (``flag`` names it in the error)."""
 
     def check_file(path: str) -> None:
-        if not os.path.isfile(path):
-            raise ValueError(f"{flag} {path!r}: no such file")
+        if not os.path.isfile(path):  # (a missing bind mount is a directory)
+            why = " is a directory" if os.path.isdir(path) else ": no such file"
+            raise ValueError(f"{flag} {path!r}{why}")
 
     return check_file
 

@@ -25,6 +25,7 @@ from workers.settings import SettingError, WorkerSettings, parse, to_argv
         ({"namespace": "../etc"}, r"^invalid namespace '\.\./etc'"),
         ({"port": 7070}, r"^--port, --advertise and --tls-cert go with --host"),
         ({"token_file": "/no/such"}, r"^--token-file '/no/such': no such file$"),
+        ({"token_file": "/"}, r"^--token-file '/' is a directory$"),
     ],
 )
 def test_a_bad_worker_setting_is_named(
