@@ -139,6 +139,12 @@ def failed(task_id: int, failure: Failure) -> Result:
     return Result(id=task_id, failure=failure)
 
 
+def timed(result: Result, slot: int, elapsed_s: float) -> Result:
+    """``result``, saying how long its call ran, and in which slot."""
+    result.run_us, result.slot = min(int(elapsed_s * 1e6), 2**32 - 1), slot
+    return result
+
+
 class PaceMeter:
     """How fast plain tasks have been running: a moving average, each task
     weighing :data:`PACE_WEIGHT`. The worker reports it with its results

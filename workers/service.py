@@ -55,7 +55,7 @@ from workers.offload import Offload
 from workers.protocol import codec, worker_pb2_grpc
 from workers.protocol.errors import BadTask, TaskTimeout
 from workers.protocol.worker_pb2 import Result, ResultBatch, Task, TaskBatch
-from workers.running import Entry, News, PaceMeter, Stream, failed
+from workers.running import Entry, News, PaceMeter, Stream, failed, timed
 
 _ALL_STUCK: Final = (
     "every task thread is held by a task that timed out or was cancelled"
@@ -67,9 +67,8 @@ Context = aio.ServicerContext[TaskBatch, ResultBatch]
 
 
 class WorkerService(worker_pb2_grpc.WorkerServicer):
-    """Runs tasks, at most ``concurrency`` plain ones at once.
-
-    Create it on the loop that serves it.
+    """Runs tasks, at most ``concurrency`` plain ones at once (create it on
+    the loop that serves it).
 
     :param concurrency: slot threads for plain functions.
     :param on_change: called (on the loop) whenever a counter changes.
@@ -101,7 +100,9 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
         self._offload = Offload("offload")  # imports, large arguments
         self._news = News(self._loop, self._take_news)  # (under the claim lock)
         self._slots = [
-            threading.Thread(target=self._slot, name=f"task-{i}", daemon=True)
+            threading.Thread(
+                target=self._slot, args=(i,), name=f"task-{i}", daemon=True
+            )
             for i in range(concurrency)
         ]
         for slot in self._slots:
@@ -260,12 +261,12 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
             self._plain.put(entry)
 
     async def _run_coroutine(self, entry: Entry, fn: Callable[..., Any]) -> None:
-        limit = self._max_args_bytes
-        self._answer(
-            entry, await tasks.run_coroutine(entry.task, fn, self._offload, limit)
-        )
+        started, limit = time.perf_counter(), self._max_args_bytes
+        result = await tasks.run_coroutine(entry.task, fn, self._offload, limit)
+        elapsed = time.perf_counter() - started
+        self._answer(entry, timed(result, self.concurrency, elapsed))
 
-    def _slot(self) -> None:
+    def _slot(self, index: int) -> None:
         """A slot thread: start and run plain tasks one after another."""
         while (entry := self._plain.get()) is not None:
             with self._claim:
@@ -286,7 +287,7 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
             elapsed = time.perf_counter() - started
             with self._claim:
                 entry.running = False
-                self._news.ended.append((entry, result, elapsed))
+                self._news.ended.append((entry, timed(result, index, elapsed), elapsed))
                 call = self._news.due()
             if call:
                 self._news.call()

@@ -110,7 +110,7 @@ class Submissions:
         if ref.name:
             task.function = ref.name
         if ref.digest:
-            task.digest = ref.digest
+            task.digest, task.label = ref.digest, ref.label
         if self.timeout_s:
             task.timeout_s = self.timeout_s
         if chunk:

@@ -71,6 +71,7 @@ class Reference:
     name: str = ""
     digest: bytes = b""
     code: bytes = b""
+    label: str = ""  # a shipped one's name, for display (Task.label)
 
     @property
     def by_value(self) -> bool:
@@ -93,7 +94,16 @@ def reference(
     if name is not None and not _shipped(name.partition(":")[0], ship_modules):
         return Reference(name=name)
     code = _by_value(fn)
-    return Reference(digest=hashlib.sha256(code).digest(), code=code)
+    digest = hashlib.sha256(code).digest()
+    return Reference(digest=digest, code=code, label=_label(fn))
+
+
+def _label(fn: Callable[..., Any]) -> str:
+    """``"module:qualname"`` of ``fn`` (a partial's function; an instance's
+    class), to show."""
+    fn = getattr(fn, "func", fn)
+    named = fn if hasattr(fn, "__qualname__") else type(fn)
+    return f"{getattr(named, '__module__', '?')}:{named.__qualname__}"
 
 
 def importable_name(fn: Callable[..., Any]) -> str | None:

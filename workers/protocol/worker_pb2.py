@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1dworkers/protocol/worker.proto\x12\x11shmpool.worker.v1\"\x83\x01\n\x04Task\x12\n\n\x02id\x18\x01 \x01(\x04\x12\x10\n\x08\x66unction\x18\x02 \x01(\t\x12\x0c\n\x04\x61rgs\x18\x03 \x01(\x0c\x12\x11\n\ttimeout_s\x18\x04 \x01(\x01\x12\x0f\n\x07\x61ttempt\x18\x05 \x01(\r\x12\x0e\n\x06\x64igest\x18\x06 \x01(\x0c\x12\x0c\n\x04\x63ode\x18\x07 \x01(\x0c\x12\r\n\x05\x63hunk\x18\x08 \x01(\x08\"\\\n\x07\x46\x61ilure\x12\x0c\n\x04type\x18\x01 \x01(\t\x12\x0f\n\x07message\x18\x02 \x01(\t\x12\x11\n\ttraceback\x18\x03 \x01(\t\x12\x11\n\texception\x18\x04 \x01(\x0c\x12\x0c\n\x04\x63ode\x18\x05 \x01(\r\"_\n\x06Result\x12\n\n\x02id\x18\x01 \x01(\x04\x12\x0f\n\x05value\x18\x02 \x01(\x0cH\x00\x12-\n\x07\x66\x61ilure\x18\x03 \x01(\x0b\x32\x1a.shmpool.worker.v1.FailureH\x00\x42\t\n\x07outcome\"C\n\tTaskBatch\x12&\n\x05tasks\x18\x01 \x03(\x0b\x32\x17.shmpool.worker.v1.Task\x12\x0e\n\x06\x63\x61ncel\x18\x02 \x03(\x04\"[\n\x0bResultBatch\x12*\n\x07results\x18\x01 \x03(\x0b\x32\x19.shmpool.worker.v1.Result\x12\x0f\n\x07started\x18\x02 \x03(\x04\x12\x0f\n\x07pace_us\x18\x03 \x01(\r2Q\n\x06Worker\x12G\n\x03Run\x12\x1c.shmpool.worker.v1.TaskBatch\x1a\x1e.shmpool.worker.v1.ResultBatch(\x01\x30\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1dworkers/protocol/worker.proto\x12\x11shmpool.worker.v1\"\x92\x01\n\x04Task\x12\n\n\x02id\x18\x01 \x01(\x04\x12\x10\n\x08\x66unction\x18\x02 \x01(\t\x12\x0c\n\x04\x61rgs\x18\x03 \x01(\x0c\x12\x11\n\ttimeout_s\x18\x04 \x01(\x01\x12\x0f\n\x07\x61ttempt\x18\x05 \x01(\r\x12\x0e\n\x06\x64igest\x18\x06 \x01(\x0c\x12\x0c\n\x04\x63ode\x18\x07 \x01(\x0c\x12\r\n\x05\x63hunk\x18\x08 \x01(\x08\x12\r\n\x05label\x18\t \x01(\t\"\\\n\x07\x46\x61ilure\x12\x0c\n\x04type\x18\x01 \x01(\t\x12\x0f\n\x07message\x18\x02 \x01(\t\x12\x11\n\ttraceback\x18\x03 \x01(\t\x12\x11\n\texception\x18\x04 \x01(\x0c\x12\x0c\n\x04\x63ode\x18\x05 \x01(\r\"}\n\x06Result\x12\n\n\x02id\x18\x01 \x01(\x04\x12\x0f\n\x05value\x18\x02 \x01(\x0cH\x00\x12-\n\x07\x66\x61ilure\x18\x03 \x01(\x0b\x32\x1a.shmpool.worker.v1.FailureH\x00\x12\x0e\n\x06run_us\x18\x04 \x01(\r\x12\x0c\n\x04slot\x18\x05 \x01(\rB\t\n\x07outcome\"C\n\tTaskBatch\x12&\n\x05tasks\x18\x01 \x03(\x0b\x32\x17.shmpool.worker.v1.Task\x12\x0e\n\x06\x63\x61ncel\x18\x02 \x03(\x04\"[\n\x0bResultBatch\x12*\n\x07results\x18\x01 \x03(\x0b\x32\x19.shmpool.worker.v1.Result\x12\x0f\n\x07started\x18\x02 \x03(\x04\x12\x0f\n\x07pace_us\x18\x03 \x01(\r2Q\n\x06Worker\x12G\n\x03Run\x12\x1c.shmpool.worker.v1.TaskBatch\x1a\x1e.shmpool.worker.v1.ResultBatch(\x01\x30\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -32,15 +32,15 @@ _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'workers.protocol.worker_pb2
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_TASK']._serialized_start=53
-  _globals['_TASK']._serialized_end=184
-  _globals['_FAILURE']._serialized_start=186
-  _globals['_FAILURE']._serialized_end=278
-  _globals['_RESULT']._serialized_start=280
-  _globals['_RESULT']._serialized_end=375
-  _globals['_TASKBATCH']._serialized_start=377
-  _globals['_TASKBATCH']._serialized_end=444
-  _globals['_RESULTBATCH']._serialized_start=446
-  _globals['_RESULTBATCH']._serialized_end=537
-  _globals['_WORKER']._serialized_start=539
-  _globals['_WORKER']._serialized_end=620
+  _globals['_TASK']._serialized_end=199
+  _globals['_FAILURE']._serialized_start=201
+  _globals['_FAILURE']._serialized_end=293
+  _globals['_RESULT']._serialized_start=295
+  _globals['_RESULT']._serialized_end=420
+  _globals['_TASKBATCH']._serialized_start=422
+  _globals['_TASKBATCH']._serialized_end=489
+  _globals['_RESULTBATCH']._serialized_start=491
+  _globals['_RESULTBATCH']._serialized_end=582
+  _globals['_WORKER']._serialized_start=584
+  _globals['_WORKER']._serialized_end=665
 # @@protoc_insertion_point(module_scope)

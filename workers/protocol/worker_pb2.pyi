@@ -7,7 +7,7 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class Task(_message.Message):
-    __slots__ = ("id", "function", "args", "timeout_s", "attempt", "digest", "code", "chunk")
+    __slots__ = ("id", "function", "args", "timeout_s", "attempt", "digest", "code", "chunk", "label")
     ID_FIELD_NUMBER: _ClassVar[int]
     FUNCTION_FIELD_NUMBER: _ClassVar[int]
     ARGS_FIELD_NUMBER: _ClassVar[int]
@@ -16,6 +16,7 @@ class Task(_message.Message):
     DIGEST_FIELD_NUMBER: _ClassVar[int]
     CODE_FIELD_NUMBER: _ClassVar[int]
     CHUNK_FIELD_NUMBER: _ClassVar[int]
+    LABEL_FIELD_NUMBER: _ClassVar[int]
     id: int
     function: str
     args: bytes
@@ -24,7 +25,8 @@ class Task(_message.Message):
     digest: bytes
     code: bytes
     chunk: bool
-    def __init__(self, id: _Optional[int] = ..., function: _Optional[str] = ..., args: _Optional[bytes] = ..., timeout_s: _Optional[float] = ..., attempt: _Optional[int] = ..., digest: _Optional[bytes] = ..., code: _Optional[bytes] = ..., chunk: _Optional[bool] = ...) -> None: ...
+    label: str
+    def __init__(self, id: _Optional[int] = ..., function: _Optional[str] = ..., args: _Optional[bytes] = ..., timeout_s: _Optional[float] = ..., attempt: _Optional[int] = ..., digest: _Optional[bytes] = ..., code: _Optional[bytes] = ..., chunk: _Optional[bool] = ..., label: _Optional[str] = ...) -> None: ...
 
 class Failure(_message.Message):
     __slots__ = ("type", "message", "traceback", "exception", "code")
@@ -41,14 +43,18 @@ class Failure(_message.Message):
     def __init__(self, type: _Optional[str] = ..., message: _Optional[str] = ..., traceback: _Optional[str] = ..., exception: _Optional[bytes] = ..., code: _Optional[int] = ...) -> None: ...
 
 class Result(_message.Message):
-    __slots__ = ("id", "value", "failure")
+    __slots__ = ("id", "value", "failure", "run_us", "slot")
     ID_FIELD_NUMBER: _ClassVar[int]
     VALUE_FIELD_NUMBER: _ClassVar[int]
     FAILURE_FIELD_NUMBER: _ClassVar[int]
+    RUN_US_FIELD_NUMBER: _ClassVar[int]
+    SLOT_FIELD_NUMBER: _ClassVar[int]
     id: int
     value: bytes
     failure: Failure
-    def __init__(self, id: _Optional[int] = ..., value: _Optional[bytes] = ..., failure: _Optional[_Union[Failure, _Mapping]] = ...) -> None: ...
+    run_us: int
+    slot: int
+    def __init__(self, id: _Optional[int] = ..., value: _Optional[bytes] = ..., failure: _Optional[_Union[Failure, _Mapping]] = ..., run_us: _Optional[int] = ..., slot: _Optional[int] = ...) -> None: ...
 
 class TaskBatch(_message.Message):
     __slots__ = ("tasks", "cancel")
