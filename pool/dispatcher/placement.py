@@ -24,8 +24,8 @@ an attempt, one held behind busy slots none. At ``max_attempts`` it fails with
 :class:`~pool.errors.WorkerLost`, which says how each worker died; one
 lost unstarted :data:`MAX_UNTAKEN_LOSSES` times fails too.
 
-Bounds. At most ``max_queued`` tasks wait (``Router.queue.room``); one with
-no matching ready worker fails after ``no_worker_timeout_s``.
+Bounds. At most ``max_queued`` tasks wait (``Router.queue.room``); one with no
+matching ready worker fails after ``no_worker_timeout_s``.
 
 Stopping. :meth:`Router.stop_taking` (the pool drains) fails with
 :class:`~pool.errors.PoolStopping` every task not started (queued, or held
@@ -33,8 +33,9 @@ by a worker, which gives it back) and every task submitted later; started
 ones finish and are delivered. :meth:`Router.finish` waits a bounded time
 for them, then fails the rest.
 
-Every background task (links, ticker, graces, failures that wait for an
-exit report) runs in the router's task group (``async with Router(...)``).
+Every background task (links, ticker, graces, failures that wait for an exit
+report) runs in the router's task group (``async with Router(...)``). With a
+dashboard, :attr:`Router.telemetry` is told of every task's end.
 """
 
 from __future__ import annotations
@@ -54,6 +55,7 @@ from pool.dispatcher.jobs import Connect, Job, Link
 from pool.dispatcher.queue import MAX_QUEUED, LeastLoaded, TaskQueue
 from pool.dispatcher.roster import Roster
 from pool.dispatcher.stealing import Withdrawals
+from pool.dispatcher.telemetry import Telemetry
 from pool.errors import NoWorkerAvailable, PoolStopping, WorkerLost
 from workers.protocol import codec
 from workers.protocol.worker_pb2 import Failure, Result
@@ -117,6 +119,7 @@ class Router:
         self._exits = Exits()
         self._started = False  # every worker of the pool has started once
         self._broken: Failure | None = None  # no worker can start: fail all
+        self.telemetry: Telemetry | None = None  # told of every end, if set
 
     # -- lifetime ------------------------------------------------------------
 
@@ -261,8 +264,10 @@ class Router:
             self._withdrawals.forget(job)
             job.withdrawing = "cancel"  # (a steal under way answers this too)
 
-    def _deliver(self, job: Job, result: Result) -> None:
+    def _deliver(self, job: Job, result: Result, by: WorkerInfo | None = None) -> None:
         job.finished = True
+        if self.telemetry is not None:
+            self.telemetry.finished(job, result, by)
         job.owner.on_result(job, result)
 
     def _fail(
@@ -319,7 +324,7 @@ class Router:
                 self.queue.push(job, front=True)
         else:
             link.done += 1
-            self._deliver(job, result)
+            self._deliver(job, result, link.info)
 
     def pump(self) -> None:
         """Place every queued task that a ready worker can take now; with
@@ -348,11 +353,8 @@ class Router:
         return bool(back)
 
     def expire(self) -> None:
-        """Fail the tasks that have had no matching ready worker for too long.
-
-        Called about once a second; a task fails between the limit and a
-        second past it.
-        """
+        """Fail the tasks that have had no matching ready worker for too long
+        (called about once a second: a task fails up to a second late)."""
         limit = self._no_worker_timeout_s
         ready = [link.info.tags for link in self.links.values() if link.ready]
         for job in self.queue.expired(ready, limit):

@@ -7,7 +7,8 @@ follows the namespace's discovery events into a
 (a :class:`~pool.dispatcher.service.ClientStream`) with batches of
 results, and of the ids of tasks a worker has started, as they come. It
 writes one ``READY {json}`` line (to ``--ready-fd``) once it serves, and
-one line for each worker it has linked (to ``--report-fd``).
+one line for each worker it has linked (to ``--report-fd``), and with
+``--telemetry`` what its tasks did (:mod:`pool.dispatcher.telemetry`).
 Started and owned by the supervisor, which tells it, one JSON line at a
 time on ``--control-fd`` (a pipe only the supervisor can write to), when
 the pool drains (``{"drain": true}``), how each worker ended
@@ -47,6 +48,7 @@ from pool.dispatcher.links import WorkerLink
 from pool.dispatcher.placement import Router
 from pool.dispatcher.service import MAX_STREAM_TASKS, DispatcherService
 from pool.dispatcher.settings import DispatcherSettings
+from pool.dispatcher.telemetry import REPORT_S, Telemetry
 from workers import serving
 from workers.protocol import auth
 from workers.protocol.worker_pb2 import Failure
@@ -70,7 +72,7 @@ async def serve(settings: DispatcherSettings, tls_ca: bytes | None = None) -> No
     stopper = serving.Stopper(settings.parent_fd)
     try:
         token = auth.read_token(settings.namespace)
-        reports = _LinkReports()
+        reports = _Reports()
         router = Router(
             settings.namespace,
             WorkerLink.connector(
@@ -100,6 +102,10 @@ async def serve(settings: DispatcherSettings, tls_ca: bytes | None = None) -> No
                         tls_ca is not None,
                     )
                 )
+                reporting = None
+                if settings.telemetry:
+                    router.telemetry = Telemetry()
+                    reporting = group.create_task(_report(router, reports))
                 obeying = None
                 if settings.control_fd is not None:
                     fd = settings.control_fd
@@ -108,8 +114,9 @@ async def serve(settings: DispatcherSettings, tls_ca: bytes | None = None) -> No
                 await stopper.wait()
                 following.cancel()
                 await _finish(router, service)
-                if obeying is not None:
-                    obeying.cancel()
+                for task in (obeying, reporting):
+                    if task is not None:
+                        task.cancel()
         finally:
             reports.close()
             await server.stop(1.0)
@@ -119,11 +126,12 @@ async def serve(settings: DispatcherSettings, tls_ca: bytes | None = None) -> No
         stopper.close()
 
 
-class _LinkReports:
+class _Reports:
     """One JSON line to the supervisor (``--report-fd``) for each worker
     whose stream is up, so that the pool says ``ready`` only once every
-    worker can be sent tasks. Written through the loop's pipe transport,
-    which never blocks (a line per link, a few bytes each)."""
+    worker can be sent tasks; with ``--telemetry``, what tasks did, twice a
+    second. Written through the loop's pipe transport, which never blocks
+    (and the supervisor reads every line)."""
 
     def __init__(self) -> None:
         self._transport: asyncio.WriteTransport | None = None
@@ -135,12 +143,31 @@ class _LinkReports:
             self._transport, _ = await loop.connect_write_pipe(asyncio.Protocol, pipe)
 
     def linked(self, info: WorkerInfo) -> None:
+        self._write({"linked": str(info.uid)})
+
+    def stats(self, telemetry: Telemetry, router: Router) -> None:
+        self._write({"stats": telemetry.report(router.links, router.queued)})
+
+    def _write(self, line: dict[str, object]) -> None:
         if self._transport is not None and not self._transport.is_closing():
-            self._transport.write(b'{"linked": "%s"}\n' % str(info.uid).encode())
+            self._transport.write(json.dumps(line).encode() + b"\n")
 
     def close(self) -> None:
         if self._transport is not None:
             self._transport.close()
+
+
+async def _report(router: Router, to: _Reports) -> None:
+    """Write what tasks did to the supervisor every :data:`REPORT_S` (a line
+    of :data:`~pool.dispatcher.telemetry.MAX_BARS` bars at most) until
+    cancelled, and once more then. The supervisor reads every line."""
+    assert router.telemetry is not None
+    try:
+        while True:
+            await asyncio.sleep(REPORT_S)  # a ticker, not a wait for an event
+            to.stats(router.telemetry, router)
+    finally:
+        to.stats(router.telemetry, router)
 
 
 def _bind(

@@ -79,6 +79,11 @@ class DispatcherSettings:
     ).field()
     ready_fd: int | None = READY_FD.field()
     output_fd: int | None = OUTPUT_FD.field()
+    telemetry: bool = Spec(
+        False,
+        "also write what tasks do to --report-fd, twice a second (for the "
+        "supervisor's dashboard)",
+    ).field()
 
     def __post_init__(self) -> None:
         check(self)

@@ -1,0 +1,176 @@
+"""What the dispatcher tells the supervisor's dashboard about its tasks.
+
+With a dashboard (``--telemetry``), the router tells :class:`Telemetry` of
+every task's end (:meth:`Telemetry.finished`), and the server writes
+:meth:`Telemetry.report` to the supervisor every :data:`REPORT_S`, one JSON
+line on the report pipe. It keeps, bounded whatever the rate of tasks:
+
+- the count of ended tasks by outcome, since the dispatcher started
+  (:data:`OUTCOMES`: ``lost`` is a task failed with ``WorkerLost`` or
+  ``PoolStopping``, ``cancelled`` one its client cancelled);
+- a histogram of how long tasks ran (the worker's own measure,
+  ``Result.run_us``), cumulative, in :data:`DURATION_BUCKETS_S`;
+- the task stream since the last report: a bar per task in a lane per
+  worker slot. A task that starts within :data:`MERGE_GAP_MS` of the end
+  of the lane's last bar, of the same function and outcome, extends that
+  bar (its ``n`` counts the tasks), and past :data:`MAX_BARS` bars a
+  report merges every task into its lane's last bar: at 10,000 tasks/s a
+  report stays a few kilobytes;
+- at most :data:`MAX_FAILURES` failures a report, with their remote
+  tracebacks cut to :data:`MAX_TRACEBACK_CHARS`.
+
+Its cost per task is a few dict and list operations on the dispatcher's
+loop (``benchmarks/dashboard.py`` measures what it costs ``submit``).
+"""
+
+from __future__ import annotations
+
+import bisect
+import time
+from typing import Any, Final
+
+import grpc
+
+from discovery import WorkerInfo
+from pool.dispatcher.jobs import Job, Link
+from workers.protocol import codec
+from workers.protocol.worker_pb2 import Failure, Result
+
+REPORT_S: Final = 0.5
+OUTCOMES: Final = ("ok", "error", "cancelled", "lost")
+DURATION_BUCKETS_S: Final = (
+    0.0005,
+    0.001,
+    0.0025,
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1.0,
+    2.5,
+    5.0,
+    10.0,
+    30.0,
+    60.0,
+    300.0,
+)
+MERGE_GAP_MS: Final = 1.0
+MAX_BARS: Final = 2000
+MAX_FAILURES: Final = 5
+MAX_TRACEBACK_CHARS: Final = 4000
+_LOST: Final = frozenset({"pool.errors.WorkerLost", "pool.errors.PoolStopping"})
+
+# A bar: [start_ms, end_ms, label index, tasks, failed (0 or 1)].
+Bar = list[Any]
+
+
+def outcome_of(result: Result) -> str:
+    """One of :data:`OUTCOMES`."""
+    if not result.HasField("failure"):
+        return "ok"
+    failure = result.failure
+    if codec.status_of(failure) == grpc.StatusCode.CANCELLED:
+        return "cancelled"
+    return "lost" if failure.type in _LOST else "error"
+
+
+class Telemetry:
+    """See the module docstring."""
+
+    def __init__(self) -> None:
+        self.outcomes = dict.fromkeys(OUTCOMES, 0)
+        self.buckets = [0] * (len(DURATION_BUCKETS_S) + 1)  # the last: +Inf
+        self.duration_sum_s = 0.0
+        self._lanes: dict[tuple[str, int], list[Bar]] = {}
+        self._lane_pids: dict[tuple[str, int], int] = {}
+        self._labels: dict[str, int] = {}
+        self._bars = 0
+        self._failures: list[dict[str, Any]] = []
+        self._failures_left_out = 0
+
+    def finished(self, job: Job, result: Result, worker: WorkerInfo | None) -> None:
+        """``job`` ended with ``result``, from ``worker`` if one ran it."""
+        outcome = outcome_of(result)
+        self.outcomes[outcome] += 1
+        if result.run_us:
+            run_s = result.run_us / 1e6
+            self.buckets[bisect.bisect_left(DURATION_BUCKETS_S, run_s)] += 1
+            self.duration_sum_s += run_s
+        task = job.task
+        label = task.function or task.label or "(shipped)"
+        if worker is not None and (result.run_us or outcome == "error"):
+            self._bar(worker, result, label, outcome != "ok")
+        if outcome == "error":
+            self._failed(result.failure, label, worker)
+
+    def _bar(
+        self, worker: WorkerInfo, result: Result, label: str, failed: bool
+    ) -> None:
+        end_ms = time.time() * 1e3
+        start_ms = end_ms - result.run_us / 1e3
+        lane = (str(worker.uid), result.slot)
+        bars = self._lanes.get(lane)
+        if bars is None:
+            bars = self._lanes[lane] = []
+            self._lane_pids[lane] = worker.pid
+        index = self._labels.setdefault(label, len(self._labels))
+        if bars:
+            last = bars[-1]
+            if self._bars >= MAX_BARS or (
+                last[2] == index
+                and last[4] == failed
+                and start_ms - last[1] <= MERGE_GAP_MS
+            ):
+                last[1] = max(last[1], end_ms)
+                last[3] += 1
+                last[4] = last[4] or failed
+                return
+        bars.append([round(start_ms, 1), round(end_ms, 1), index, 1, failed])
+        self._bars += 1
+
+    def _failed(self, failure: Failure, label: str, worker: WorkerInfo | None) -> None:
+        if len(self._failures) >= MAX_FAILURES:
+            self._failures_left_out += 1
+            return
+        self._failures.append(
+            {
+                "t": time.time() * 1e3,
+                "function": label,
+                "type": failure.type,
+                "message": failure.message[:MAX_TRACEBACK_CHARS],
+                "traceback": failure.traceback[-MAX_TRACEBACK_CHARS:],
+                "pid": worker.pid if worker is not None else None,
+            }
+        )
+
+    def report(self, links: dict[Any, Link], queued: int) -> dict[str, Any]:
+        """What happened since the last report, and the totals; starts the
+        next report's stream and failures afresh."""
+        running = sum(
+            1
+            for link in links.values()
+            for job in link.in_flight.values()
+            if job.started
+        )
+        lanes = [
+            {"uid": uid, "pid": self._lane_pids[uid, slot], "slot": slot, "bars": bars}
+            for (uid, slot), bars in self._lanes.items()
+        ]
+        report = {
+            "t": time.time() * 1e3,
+            "queued": queued,
+            "running": running,
+            "outcomes": dict(self.outcomes),
+            "buckets": list(self.buckets),
+            "duration_sum_s": self.duration_sum_s,
+            "labels": list(self._labels),
+            "lanes": lanes,
+            "failures": self._failures,
+            "failures_left_out": self._failures_left_out,
+        }
+        self._lanes, self._lane_pids, self._labels = {}, {}, {}
+        self._bars, self._failures, self._failures_left_out = 0, [], 0
+        return report
