@@ -44,8 +44,9 @@ class Pool:
         ``discovery_url=``; ``--no-restart`` is ``restart=False``): the
         fields of :class:`~pool.supervisor.settings.PoolSettings`, such as
         ``concurrency``, ``tags``, ``no_worker_timeout_s``,
-        ``stuck_grace_s``, ``max_queued``, ``paths``, ``max_tasks_per_child``
-        and ``max_memory`` (bytes, or a size such as ``"2GB"``).
+        ``stuck_grace_s``, ``max_queued``, ``paths``, ``max_tasks_per_child``,
+        ``max_memory`` (bytes, or a size such as ``"2GB"``) and ``dashboard``
+        (``"[HOST:]PORT"``: its page is then at :attr:`dashboard_url`).
     :raises ValueError: for a bad value, named (a
         :class:`~workers.settings.SettingError`).
     :raises TypeError: for a setting ``pool up`` does not have.
@@ -76,6 +77,7 @@ class Pool:
         self._ready = threading.Event()
         self._error: BaseException | None = None
         self._client: Client | None = None
+        self.dashboard_url = ""  # with dashboard=: its page, once started
 
     @property
     def namespace(self) -> str:
@@ -117,7 +119,13 @@ class Pool:
     async def _main(self) -> None:
         self._loop = asyncio.get_running_loop()
         self._stop = asyncio.Event()
-        supervisor = Supervisor(self.settings, PlainView(self.log), self._ready.set)
+
+        def started() -> None:
+            if supervisor.dashboard is not None:
+                self.dashboard_url = supervisor.dashboard.url
+            self._ready.set()
+
+        supervisor = Supervisor(self.settings, PlainView(self.log), started)
         await supervisor.run(self._stop, asyncio.Event())
 
     def _shutdown(self) -> None:

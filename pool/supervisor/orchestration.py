@@ -17,17 +17,19 @@ started, when the pool drains, and when its initializer failed too often.
 With ``capture_output`` (``pool up``), the children's stdout and stderr
 come back through a pipe (``--output-fd``), shown prefixed by the child.
 
-A child that dies is reaped at once and replaced (with exponential
-back-off for one that dies before it is ready), unless its initializer
-failed :data:`~pool.supervisor.children.MAX_INITIALIZER_FAILURES` times in
-a row: then no worker is started again, and the dispatcher fails every
-task with that failure. A worker ``"stuck"`` for ``stuck_grace_s`` is
-stopped and so replaced. When ``stop`` is set it drains: it tells the
-dispatcher (which fails the tasks no worker has yet), SIGTERMs every worker
-and gives them ``grace_s`` (cut short by ``kill_now``), SIGKILLs the rest,
-then stops the dispatcher, which first delivers every result it has; the
-registry's owner removes every file and segment. Its background work runs
-in one task group: an unexpected error ends ``pool up`` (after the drain).
+A child that dies is reaped at once and replaced (with exponential back-off
+if it dies before it is ready), unless its initializer failed
+:data:`~pool.supervisor.children.MAX_INITIALIZER_FAILURES` times in a row:
+then no worker starts again, and the dispatcher fails every task with that
+failure. A worker ``"stuck"`` for ``stuck_grace_s`` is stopped, so replaced.
+With ``--dashboard``, a :mod:`pool.supervisor.dashboard` sees what the view
+sees and the dispatcher's reports. When ``stop`` is set it drains: it tells
+the dispatcher (which fails the tasks no worker has yet), SIGTERMs every
+worker and gives them ``grace_s`` (cut short by ``kill_now``), SIGKILLs the
+rest, then stops the dispatcher, which first delivers every result it has;
+the registry's owner removes every file and segment. Its background work
+runs in one task group: an unexpected error ends ``pool up`` (after the
+drain).
 """
 
 from __future__ import annotations
@@ -47,21 +49,20 @@ from pool.supervisor.children import (
     ChildFailed,
     InitializerFailedInChild,
     InitializerFailures,
-    Process,
     describe_exit,
     exit_fields,
     next_start,
     read_ready,
-    spawn,
     terminate,
 )
 from pool.supervisor.control import ControlPipe
+from pool.supervisor.dashboard import dashboard_for
 from pool.supervisor.output import relay
 from pool.supervisor.registrations import Registrations
 from pool.supervisor.settings import PoolSettings
 from pool.supervisor.sweep import sweep_temp_dirs
-from pool.supervisor.view import View
-from pool.supervisor.zygote import Zygote, ZygoteUnavailable
+from pool.supervisor.view import Tee, View
+from pool.supervisor.zygote import Zygote, ZygoteUnavailable, fork_or_spawn
 from workers.offload import Offload
 from workers.protocol import auth
 
@@ -71,9 +72,7 @@ DISPATCHER_STOP_S: Final = 15.0  # it waits for its last results, then ends
 HURRIED_DISPATCHER_STOP_S: Final = 2.0
 OUTPUT_DRAIN_S: Final = 1.0
 WORKER_ENTRY: Final = "workers.process:run"
-DISPATCHER_ENTRY: Final = (
-    "pool.dispatcher.server:run"  # for the children's last lines, once they exited
-)
+DISPATCHER_ENTRY: Final = "pool.dispatcher.server:run"
 
 
 class Supervisor:
@@ -89,7 +88,8 @@ class Supervisor:
         on_ready: Callable[[], None] | None = None,
     ) -> None:
         self.settings = settings
-        self.view = view
+        self.dashboard = dashboard_for(settings.namespace, settings.dashboard)
+        self.view = Tee(view, self.dashboard.board) if self.dashboard else view
         self._on_ready = on_ready
         self.address = ""  # the dispatcher's, for this machine's clients
         self.remote = rendezvous.Announced("")  # for others, with --discovery
@@ -104,10 +104,11 @@ class Supervisor:
         self._registrations = Registrations(
             settings.namespace,
             settings.discovery_url,
-            view,
+            self.view,
             stuck_grace_s=settings.stuck_grace_s,
             spawn=self._spawn,
             on_stuck=self._replace_stuck,
+            on_stats=self.dashboard.board.stats if self.dashboard else None,
         )
         self._zygote: Zygote | None = None
         self._offload = Offload("supervisor")  # the registry, sweeps
@@ -138,6 +139,8 @@ class Supervisor:
                 await self._supervise(stop, kill_now)
             finally:
                 await self._control.aclose()
+                if self.dashboard is not None:
+                    await self.dashboard.aclose()
                 if self._parent_fd >= 0:
                     os.close(self._parent_fd)
         finally:
@@ -176,7 +179,9 @@ class Supervisor:
         given = None
         if token_file or os.environ.get(auth.TOKEN_ENV):
             given = auth.token_for(namespace, token_file)
-        auth.create_token(namespace, given)
+        token = auth.create_token(namespace, given)
+        if self.dashboard is not None:
+            await self.dashboard.start(token)
         self._parent_fd = os.pidfd_open(os.getpid())
 
     async def _warm(self, zygote: Zygote) -> None:
@@ -225,13 +230,12 @@ class Supervisor:
 
     async def _say_ready(self) -> None:
         """Every worker is registered: say so, to all who wait for it."""
-        ready: dict[str, Any] = {
-            "namespace": self.settings.namespace,
-            "workers": len(self._workers),
-            "address": self.address,
-        }
+        ready: dict[str, Any] = {"namespace": self.settings.namespace}
+        ready.update(workers=len(self._workers), address=self.address)
         if self.settings.paths:
             ready["path"] = ":".join(self.settings.paths)
+        if self.dashboard is not None:
+            ready["dashboard"] = self.dashboard.url
         self.view.note("ready", **ready)
         self._ready = True
         await self._control.send(started=True)
@@ -295,7 +299,7 @@ class Supervisor:
         if self.settings.capture_output:
             output_read, fds["output_fd"] = os.pipe()
         try:
-            process = await self._fork_or_spawn(child, fds)
+            process = await fork_or_spawn(self._zygote, child, fds, self.view)
         except BaseException:
             for fd in (output_read, report_read):
                 if fd >= 0:
@@ -326,7 +330,7 @@ class Supervisor:
         self._registrations.changed.set()  # (it looks again)
         if child is self._dispatcher:
             await self._dispatcher_ready(child.ready)
-        self.view.note(f"{child.kind}-started", pid=process.pid)
+        self.view.note(f"{child.kind}-started", name=child.name, pid=process.pid)
         self._spawn(self._watch(child))
 
     async def _dispatcher_ready(self, ready: dict[str, Any]) -> None:
@@ -341,16 +345,6 @@ class Supervisor:
             await self._control.send(started=True)
         if self._inits.broken is not None:
             await self._control.send(broken=self._inits.broken)
-
-    async def _fork_or_spawn(self, child: Child, fds: dict[str, int]) -> Process:
-        """Fork the child from the zygote; while it is down, start a fresh
-        interpreter instead (slower, and otherwise the same)."""
-        if self._zygote is not None and self._zygote.ready:
-            try:
-                return await self._zygote.spawn(child.entry, child.settings, fds)
-            except ZygoteUnavailable as exc:
-                self.view.note("zygote-failed", name=child.name, error=str(exc))
-        return spawn(child.argv(fds), pass_fds=list(fds.values()))
 
     async def _watch(self, child: Child) -> None:
         """Reap the child when it exits; replace it unless stopping."""

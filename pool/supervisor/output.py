@@ -19,9 +19,12 @@ MAX_LINE_BYTES: Final = 8192
 READ_BYTES: Final = 65536
 
 
-async def output_lines(fd: int) -> AsyncIterator[str]:
+async def output_lines(
+    fd: int, max_line_bytes: int = MAX_LINE_BYTES
+) -> AsyncIterator[str]:
     """The lines written to the pipe ``fd`` (without their newline) until
-    every writer has closed it. The caller closes ``fd``."""
+    every writer has closed it, in pieces of ``max_line_bytes`` at most. The
+    caller closes ``fd``."""
     loop = asyncio.get_running_loop()
     os.set_blocking(fd, False)
     readable = asyncio.Event()
@@ -38,13 +41,13 @@ async def output_lines(fd: int) -> AsyncIterator[str]:
             if not data:
                 break
             *lines, pending = (pending + data).split(b"\n")
-            if len(pending) > MAX_LINE_BYTES:  # the rest of it comes later
-                cut = len(pending) - len(pending) % MAX_LINE_BYTES
+            if len(pending) > max_line_bytes:  # the rest of it comes later
+                cut = len(pending) - len(pending) % max_line_bytes
                 lines.append(pending[:cut])
                 pending = pending[cut:]
             for line in lines:
-                for start in range(0, max(len(line), 1), MAX_LINE_BYTES):
-                    yield _text(line[start : start + MAX_LINE_BYTES])
+                for start in range(0, max(len(line), 1), max_line_bytes):
+                    yield _text(line[start : start + max_line_bytes])
         if pending:
             yield _text(pending)
     finally:
@@ -55,11 +58,13 @@ def _text(line: bytes) -> str:
     return line.rstrip(b"\r").decode("utf-8", "replace")
 
 
-async def relay(fd: int, show: Callable[[str], None]) -> None:
+async def relay(
+    fd: int, show: Callable[[str], None], max_line_bytes: int = MAX_LINE_BYTES
+) -> None:
     """Show each line written to the pipe ``fd`` until every writer closed
     it; then close ``fd`` (which this now owns)."""
     try:
-        async for text in output_lines(fd):
+        async for text in output_lines(fd, max_line_bytes):
             show(text)
     finally:
         os.close(fd)

@@ -4,7 +4,8 @@ status, the ones its dispatcher has linked, and the ones that stay stuck.
 :class:`Registrations` reads the namespace's events (in shared memory, or
 in Redis with ``discovery_url``), shows each through the view, and keeps
 each registered worker's status by uid; the dispatcher's report lines
-(:meth:`follow_links`) say which workers it has a stream to. So the
+(:meth:`follow_links`) say which workers it has a stream to (and, with a
+dashboard, what its tasks did: ``on_stats``). So the
 supervisor can wait until every worker it started is registered and
 linked (:meth:`until_registered`): only then can a client's first tasks
 spread over all of them. A
@@ -28,6 +29,7 @@ from pool.supervisor.output import relay
 from pool.supervisor.view import View
 
 log = logging.getLogger("pool.supervisor")
+MAX_REPORT_BYTES = 4 << 20  # the longest report line the dispatcher writes, and more
 
 
 class Registrations:
@@ -42,10 +44,11 @@ class Registrations:
         stuck_grace_s: float,
         spawn: Callable[[Coroutine[Any, Any, None]], object],
         on_stuck: Callable[[str, int], Awaitable[None]],
+        on_stats: Callable[[dict[str, Any]], None] | None = None,
     ) -> None:
         self._namespace, self._url, self._view = namespace, discovery_url, view
         self._stuck_grace_s = stuck_grace_s
-        self._spawn, self._on_stuck = spawn, on_stuck
+        self._spawn, self._on_stuck, self._on_stats = spawn, on_stuck, on_stats
         self._status: dict[str, str] = {}  # uid -> status, of registered workers
         self._linked: set[str] = set()  # uids the current dispatcher has linked
         self.changed = asyncio.Event()  # set at each change: look again
@@ -69,11 +72,16 @@ class Registrations:
         """Read a new dispatcher's report lines from the pipe ``fd`` (which
         this now owns) until it closes."""
         self._linked = set()
-        await relay(fd, self._note_link)
+        await relay(fd, self._note_report, MAX_REPORT_BYTES)
 
-    def _note_link(self, line: str) -> None:
+    def _note_report(self, line: str) -> None:
         try:
-            self._linked.add(str(json.loads(line)["linked"]))
+            report = json.loads(line)
+            if "stats" in report:  # (with a dashboard: what tasks did)
+                if self._on_stats is not None:
+                    self._on_stats(report["stats"])
+                return
+            self._linked.add(str(report["linked"]))
         except (ValueError, KeyError, TypeError):
             log.warning("ignoring a report line that is not a link: %r", line)
             return

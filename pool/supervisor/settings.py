@@ -10,6 +10,7 @@ written once. :meth:`PoolSettings.worker` and
 
 from __future__ import annotations
 
+import importlib.util
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -21,7 +22,9 @@ from pool.dispatcher.settings import (
     TLS_CA,
     DispatcherSettings,
 )
+from pool.supervisor import dashboard
 from workers import initializer
+from workers.protocol.auth import TOKEN_ENV
 from workers.settings import (
     ADVERTISE,
     CONCURRENCY,
@@ -48,6 +51,22 @@ from workers.settings import (
     check_tcp,
 )
 
+
+def _dashboard_address(value: str) -> None:
+    dashboard.listen_address(value)  # (raises ValueError, named)
+
+
+DASHBOARD = Spec(
+    None,
+    "serve a live page of the pool and its Prometheus /metrics on [HOST:]PORT "
+    f"(bare: {dashboard.DEFAULT_ADDRESS}; port 0: any free one; the ready line "
+    "names the URL). Off loopback, every request needs the pool's token, so "
+    "give --token-file. Needs the dashboard extra: " + dashboard.INSTALL,
+    metavar="[HOST:]PORT",
+    form="optional",
+    const=dashboard.DEFAULT_ADDRESS,
+    check=_dashboard_address,
+)
 WORKERS = Spec(
     os.cpu_count() or 1,
     "worker processes to start and keep; 0 only with --discovery or "
@@ -124,6 +143,7 @@ class PoolSettings:
         low=0,
     ).field()
     max_queued: int = MAX_QUEUED_SPEC.field()
+    dashboard: str | None = DASHBOARD.field()
     # Show what children write to stdout and stderr through the view, a line
     # at a time, prefixed by who wrote it (else they share the caller's).
     capture_output: bool = Spec(False, "", flag=None).field()
@@ -144,6 +164,8 @@ class PoolSettings:
                 "dispatcher checks it against the CA (for a self-signed "
                 "certificate, give it as its own CA)"
             )
+        if self.dashboard is not None:
+            _check_dashboard(self.dashboard, self.token_file)
         object.__setattr__(self, "initargs", tuple(self.initargs))
         for name in ("tls_ca", "tls_cert", "tls_key"):
             if (path := getattr(self, name)) is not None:
@@ -194,6 +216,25 @@ class PoolSettings:
             tls_ca=self.tls_ca,
             no_worker_timeout_s=self.no_worker_timeout_s,
             max_queued=self.max_queued,
+            telemetry=self.dashboard is not None,
+        )
+
+
+def _check_dashboard(address: str, token_file: str | None) -> None:
+    """A dashboard others can reach asks for a token its users know; and it
+    needs its extra installed."""
+    host, _ = dashboard.listen_address(address)
+    if not (dashboard.is_loopback(host) or token_file or os.environ.get(TOKEN_ENV)):
+        raise SettingError(
+            f"--dashboard on {host} is open to other machines, and every request "
+            "there must give the pool's token: give --token-file PATH (the token "
+            "its users give), or listen on loopback (--dashboard 127.0.0.1:PORT)"
+        )
+    if not all(
+        importlib.util.find_spec(name) for name in ("aiohttp", "prometheus_client")
+    ):
+        raise SettingError(
+            f"--dashboard needs the dashboard extra: {dashboard.INSTALL}"
         )
 
 

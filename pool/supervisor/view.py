@@ -64,6 +64,34 @@ def line(kind: str, fields: dict[str, Any]) -> str:
     return " ".join([kind, *(f"{key}={value}" for key, value in fields.items())])
 
 
+class Tee:
+    """Shows everything through each of ``views`` (a terminal's view and a
+    dashboard's board)."""
+
+    def __init__(self, *views: View) -> None:
+        self._views = views
+
+    def event(self, event: DiscoveryEvent) -> None:
+        for view in self._views:
+            view.event(event)
+
+    def note(self, kind: str, **fields: Any) -> None:
+        for view in self._views:
+            view.note(kind, **fields)
+
+    def output(self, name: str, pid: int, text: str) -> None:
+        for view in self._views:
+            view.output(name, pid, text)
+
+    def tick(self, queued: int | None) -> None:
+        for view in self._views:
+            view.tick(queued)
+
+    def close(self) -> None:
+        for view in self._views:
+            view.close()
+
+
 class PlainView:
     """One line per event or note."""
 
@@ -109,6 +137,7 @@ class LiveView:
     ) -> None:
         self._namespace = namespace
         self._paths = paths
+        self._dashboard = ""  # its URL, once the pool is ready
         self._workers: dict[str, WorkerInfo] = {}
         self._log: deque[Text] = deque(maxlen=LOG_LINES)
         self._status = "starting"
@@ -139,6 +168,8 @@ class LiveView:
     def note(self, kind: str, **fields: Any) -> None:
         if kind in {"ready", "stopping", "stopped"}:
             self._status = kind
+        if kind == "ready" and "dashboard" in fields:
+            self._dashboard = str(fields["dashboard"])
         self._add_log(kind, " ".join(f"{k}={v}" for k, v in fields.items()))
         self._refresh()
 
@@ -183,6 +214,8 @@ class LiveView:
         lines: list[Text | Table] = [title]
         if self._paths:
             lines.append(_line(f"imports from {', '.join(self._paths)}"))
+        if self._dashboard:
+            lines.append(_line(f"dashboard {self._dashboard}", "bold"))
         lines += [table, *self._log]
         if self._status == "stopping":
             lines.append(_line("draining: Ctrl-C again stops at once", "dim"))

@@ -40,7 +40,7 @@ from typing import Any, Final
 
 import setproctitle
 
-from pool.supervisor.children import ChildProcess
+from pool.supervisor.children import Child, ChildProcess, Process, spawn
 from pool.supervisor.sweep import use_private_temp_dir
 from workers.settings import to_argv
 
@@ -276,3 +276,17 @@ async def _readable(fd: int) -> None:
         await ready
     finally:
         loop.remove_reader(fd)
+
+
+async def fork_or_spawn(
+    zygote: Zygote | None, child: Child, fds: dict[str, int], view: Any
+) -> Process:
+    """Fork ``child`` from ``zygote``; while it is down, start a fresh
+    interpreter instead (slower, and otherwise the same). ``view`` is told
+    of a fork that failed."""
+    if zygote is not None and zygote.ready:
+        try:
+            return await zygote.spawn(child.entry, child.settings, fds)
+        except ZygoteUnavailable as exc:
+            view.note("zygote-failed", name=child.name, error=str(exc))
+    return spawn(child.argv(fds), pass_fds=list(fds.values()))

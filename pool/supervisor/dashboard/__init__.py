@@ -1,0 +1,61 @@
+"""The browser dashboard and Prometheus metrics of ``pool up --dashboard``.
+
+The supervisor shows the pool to a :class:`~.board.Board` as it shows the
+terminal, and hands it its dispatcher's reports of what tasks do; a
+:class:`~.server.Dashboard` serves the board (the page, a live event
+stream, ``/metrics``) on the supervisor's loop. aiohttp and
+prometheus_client are the ``dashboard`` extra, imported only here and only
+when a pool has a dashboard: a pool without one never loads them.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from typing import TYPE_CHECKING, Final
+
+if TYPE_CHECKING:
+    from pool.supervisor.dashboard.server import Dashboard
+
+DEFAULT_ADDRESS: Final = "127.0.0.1:8787"
+INSTALL: Final = ".venv/bin/pip install -e '.[dashboard]'"  # (the README's form)
+
+
+def listen_address(value: str) -> tuple[str, int]:
+    """``[HOST:]PORT`` as a host and a port (the host 127.0.0.1 by default).
+
+    :raises ValueError: for anything else.
+    """
+    host, _, port = value.rpartition(":")
+    host = host.strip("[]") or "127.0.0.1"
+    if not port.isdigit() or not 0 <= int(port) <= 65535:
+        raise ValueError(
+            f"--dashboard {value!r}: give [HOST:]PORT, such as 8787 or "
+            "0.0.0.0:8787 (port 0: any free one)"
+        )
+    return host, int(port)
+
+
+def is_loopback(host: str) -> bool:
+    """Whether only this machine can reach ``host``."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False  # a host name: whatever it resolves to, assume others
+
+
+def dashboard_for(namespace: str, address: str | None) -> Dashboard | None:
+    """A dashboard of ``namespace`` to serve on ``address`` (``[HOST:]PORT``)
+    once started with the pool's token; None without an address."""
+    if address is None:
+        return None
+    from pool.supervisor.dashboard.board import Board
+    from pool.supervisor.dashboard.metrics import Metrics
+    from pool.supervisor.dashboard.server import Dashboard
+
+    host, port = listen_address(address)
+    board = Board(namespace)
+    metrics = Metrics(board)
+    board.on_drop_seen = metrics.drop_seen
+    return Dashboard(board, metrics, host, port, needs_token=not is_loopback(host))

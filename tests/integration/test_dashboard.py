@@ -1,0 +1,265 @@
+"""``pool up --dashboard``: the page in a real browser, ``/metrics`` parsed
+by Prometheus' own parser, and the access rule off loopback.
+
+The page test drives Debian's Chromium (``/usr/bin/chromium``, which
+``.ci/run`` installs) with Playwright, and saves a screenshot of the page
+to ``test-artifacts/`` (or ``$SHMPOOL_ARTIFACTS``).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import secrets
+import signal
+import socket
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from pool import Client, Pool
+from tests.helpers import ROOT, wait_until
+from tests.pools import RunningPool, pool_command, running_pool
+
+pytestmark = pytest.mark.integration
+
+CHROMIUM = "/usr/bin/chromium"
+ARTIFACTS = Path(os.environ.get("SHMPOOL_ARTIFACTS", ROOT / "test-artifacts"))
+# As the workplace's notes say Chromium must run here: no sandbox as root,
+# and nothing that reaches for the network on its own.
+CHROMIUM_ARGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
+
+
+def _url(pool: RunningPool) -> str:
+    found = re.search(r"dashboard=(\S+)", pool.ready_line)
+    assert found, pool.ready_line
+    return found.group(1)
+
+
+def _get(url: str, headers: dict[str, str] | None = None) -> tuple[int, Any, str]:
+    """Status, headers and body of a GET that follows no redirect."""
+
+    class NoRedirect(urllib.request.HTTPRedirectHandler):
+        def redirect_request(self, *args: Any, **kwargs: Any) -> None:
+            return None
+
+    opener = urllib.request.build_opener(NoRedirect)
+    try:
+        with opener.open(
+            urllib.request.Request(url, headers=headers or {}), timeout=10
+        ) as r:
+            return r.status, r.headers, r.read().decode()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.headers, exc.read().decode()
+
+
+def _metrics(url: str) -> dict[str, float]:
+    """Each sample of ``/metrics`` by name and labels: ``name{k=v}``."""
+    status, _, text = _get(url + "metrics")
+    assert status == 200, text
+    samples = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            labels = ",".join(f"{k}={v}" for k, v in sorted(sample.labels.items()))
+            samples[f"{sample.name}{{{labels}}}"] = sample.value
+    return samples
+
+
+@pytest.fixture
+def browser() -> Iterator[Any]:
+    if not os.path.exists(CHROMIUM):
+        pytest.skip(f"no Chromium at {CHROMIUM} (.ci/run installs Debian's)")
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(
+            executable_path=CHROMIUM, args=CHROMIUM_ARGS
+        )
+        try:
+            yield browser
+        finally:
+            browser.close()
+
+
+@pytest.mark.timeout(180)
+def test_the_page_follows_the_pool_live(namespace: str, browser: Any) -> None:
+    """The page names the namespace and both workers' pids; a SIGKILLed
+    worker shows as dropped beside its replacement; tasks draw bars in the
+    task stream, a failure among them; a screenshot is kept."""
+    with running_pool(
+        namespace, "--workers", "2", "--dashboard", "127.0.0.1:0"
+    ) as pool:
+        pids = [
+            int(line.split("pid=")[1].split()[0])
+            for line in pool.lines.seen
+            if line.startswith("worker-started ")
+        ]
+        assert len(pids) == 2
+        page = browser.new_page(viewport={"width": 1280, "height": 900})
+        page.goto(_url(pool))
+        page.wait_for_function(
+            "ns => document.getElementById('namespace').textContent === ns",
+            arg=namespace,
+        )
+        for pid in pids:
+            page.wait_for_selector(
+                f'#workers tr[data-pid="{pid}"][data-status="ready"]'
+            )
+        os.kill(pids[0], signal.SIGKILL)
+        replacement = pool.wait_for("worker-started ")
+        new_pid = int(replacement.split("pid=")[1].split()[0])
+        page.wait_for_selector(
+            f'#workers tr.gone[data-pid="{pids[0]}"][data-status="dropped"]'
+        )
+        page.wait_for_selector(
+            f'#workers tr[data-pid="{new_pid}"][data-status="ready"]'
+        )
+        with Client(namespace) as client:
+            assert list(client.map(pow, range(40), [2] * 40)) == [
+                i * i for i in range(40)
+            ]
+            with pytest.raises(ZeroDivisionError):
+                client.submit(divmod, 1, 0).result(timeout=30)
+        page.wait_for_function(
+            "document.getElementById('stream').dataset.bars > 0"
+            " && document.getElementById('stream').dataset.failed > 0"
+        )
+        page.wait_for_selector("#failures details summary >> text=ZeroDivisionError")
+        assert page.locator("#events li.k-ready").count() == 1  # (none twice)
+        ARTIFACTS.mkdir(parents=True, exist_ok=True)
+        page.screenshot(path=str(ARTIFACTS / "dashboard.png"), full_page=True)
+        phone = browser.new_page(viewport={"width": 390, "height": 844})
+        phone.goto(_url(pool))
+        phone.wait_for_selector(f'#workers tr[data-pid="{new_pid}"]')
+        phone.screenshot(path=str(ARTIFACTS / "dashboard-phone.png"), full_page=True)
+        width = phone.evaluate("document.documentElement.scrollWidth")
+        assert width <= 390, f"the page is {width} px wide on a 390 px phone"
+
+
+def test_metrics_count_every_task(namespace: str) -> None:
+    """``/metrics`` parses with prometheus_client's own parser, says 2 ready
+    workers, and its task counters grow by exactly the tasks that ran."""
+    with running_pool(
+        namespace, "--workers", "2", "--dashboard", "127.0.0.1:0"
+    ) as pool:
+        url = _url(pool)
+        wait_until(lambda: _metrics(url)["shmpool_workers{status=ready}"] == 2)
+        before = _metrics(url)
+        ok, error = (
+            "shmpool_tasks_total{outcome=ok}",
+            "shmpool_tasks_total{outcome=error}",
+        )
+        with Client(namespace) as client:
+            futures = [client.submit(pow, i, 2) for i in range(25)]
+            assert [f.result(timeout=30) for f in futures] == [i * i for i in range(25)]
+            with pytest.raises(ZeroDivisionError):
+                client.submit(divmod, 1, 0).result(timeout=30)
+        wait_until(lambda: _metrics(url)[ok] >= before[ok] + 25)
+        wait_until(lambda: _metrics(url)[error] >= before[error] + 1)
+        after = _metrics(url)
+        assert after[ok] - before[ok] == 25
+        assert after[error] - before[error] == 1
+        count = "shmpool_task_duration_seconds_count{}"
+        assert after[count] - before[count] == 26
+        assert after["shmpool_queued_tasks{}"] == 0
+        for name in (
+            "shmpool_running_tasks{}",
+            "shmpool_worker_restarts_total{}",
+            "shmpool_worker_drop_seconds_count{}",
+        ):
+            assert name in after
+
+
+def test_a_dashboard_off_loopback_asks_for_the_token(
+    namespace: str, tmp_path: Path
+) -> None:
+    """On 0.0.0.0 every request needs the pool's token: refused without it or
+    with a wrong one; taken as a header, or once as ?token=, which sets a
+    cookie and redirects to the page without it."""
+    token = secrets.token_hex(32)
+    token_file = tmp_path / "token"
+    token_file.write_text(token)
+    token_file.chmod(0o600)
+    args = (
+        "--workers",
+        "1",
+        "--dashboard",
+        "0.0.0.0:0",
+        "--token-file",
+        str(token_file),
+    )
+    with running_pool(namespace, *args) as pool:
+        url = _url(pool).replace("0.0.0.0", "127.0.0.1")
+        for path in ("", "metrics", "events", "api/state", "static/dashboard.js"):
+            status, _, body = _get(url + path)
+            assert status == 401, (path, status)
+            assert "needs the pool's token" in body
+        assert _get(url + "metrics", {"Authorization": "Bearer " + "0" * 64})[0] == 401
+        status, _, body = _get(url + "metrics", {"Authorization": f"Bearer {token}"})
+        assert status == 200 and "shmpool_workers" in body
+        status, headers, _ = _get(url + f"?token={token}")
+        assert status == 303 and headers["Location"] == "/"
+        cookie = headers["Set-Cookie"]
+        assert "HttpOnly" in cookie and "SameSite=Strict" in cookie
+        status, _, body = _get(url, {"Cookie": cookie.split(";")[0]})
+        assert status == 200 and "<title>shm-pool</title>" in body
+
+
+def test_a_dashboard_off_loopback_without_a_token_file_is_refused(
+    namespace: str,
+) -> None:
+    """Without a token its users know, a dashboard on 0.0.0.0 does not start:
+    exit status 2, saying what to give."""
+    env_token = os.environ.pop("SHMPOOL_TOKEN", None)
+    try:
+        done = pool_command(
+            "up", "-n", namespace, "--workers", "1", "--dashboard", "0.0.0.0:8787"
+        )
+    finally:
+        if env_token is not None:
+            os.environ["SHMPOOL_TOKEN"] = env_token
+    assert done.returncode == 2, done.stderr
+    assert "--dashboard on 0.0.0.0 is open to other machines" in done.stderr
+    assert "give --token-file PATH" in done.stderr
+
+
+def test_a_busy_dashboard_port_is_named(namespace: str) -> None:
+    """A port another program holds stops the pool before any worker starts,
+    with an error that names the address and what to do."""
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        port = holder.getsockname()[1]
+        done = pool_command(
+            "up", "-n", namespace, "--workers", "1", "--dashboard", f"127.0.0.1:{port}"
+        )
+    assert done.returncode == 1, done.stderr
+    assert f"the dashboard cannot listen on 127.0.0.1:{port}" in done.stderr
+    assert "worker-started" not in done.stdout
+
+
+def test_an_embedded_pool_serves_a_dashboard() -> None:
+    """``Pool(dashboard=...)`` serves the same page and metrics, at the URL
+    it gives, and stops serving when the pool stops."""
+    pool = Pool(workers=1, dashboard="127.0.0.1:0")
+    with pool as client:
+        assert client.submit(pow, 3, 2).result(timeout=30) == 9
+        url = pool.dashboard_url
+        assert url.startswith("http://127.0.0.1:")
+        wait_until(lambda: _metrics(url)["shmpool_tasks_total{outcome=ok}"] == 1)
+        assert "<title>shm-pool</title>" in _get(url)[2]
+    with pytest.raises(urllib.error.URLError):
+        urllib.request.urlopen(url + "metrics", timeout=5)

@@ -1,0 +1,193 @@
+"""The dashboard's state, in-process: the dispatcher's telemetry and the
+supervisor's board stay bounded, merge fast streams of tasks, and keep
+their totals monotonic across a restarted dispatcher."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from discovery import DiscoveryEvent
+from pool.dispatcher import telemetry
+from pool.dispatcher.jobs import Job
+from pool.dispatcher.telemetry import Telemetry, outcome_of
+from pool.errors import WorkerLost
+from pool.supervisor.dashboard import is_loopback, listen_address
+from pool.supervisor.dashboard.board import GONE_KEEP_S, MAX_EVENTS, Board
+from pool.supervisor.dashboard.metrics import Metrics
+from tests.streams import make_info
+from workers.protocol import codec
+from workers.protocol.worker_pb2 import Result, Task
+
+
+class _Owner:
+    def on_started(self, job: Job) -> None: ...
+    def on_result(self, job: Job, result: Result) -> None: ...
+
+
+def _job(function: str = "m:f") -> Job:
+    return Job(Task(id=1, function=function), frozenset(), _Owner(), 1)
+
+
+def _ok(run_us: int, slot: int = 0) -> Result:
+    return Result(id=1, value=b"", run_us=run_us, slot=slot)
+
+
+def test_outcomes_are_named_by_their_failure() -> None:
+    """ok, error, cancelled (CANCELLED) and lost (WorkerLost)."""
+    lost = codec.failure_of(WorkerLost(3, ()), remote=False)
+    assert [
+        outcome_of(r)
+        for r in (
+            _ok(1),
+            Result(id=1, failure=codec.failure_of(ValueError("x"))),
+            Result(id=1, failure=codec.cancelled()),
+            Result(id=1, failure=lost),
+        )
+    ] == ["ok", "error", "cancelled", "lost"]
+
+
+def test_a_fast_stream_of_tasks_is_few_bars() -> None:
+    """Tasks back to back on one slot, of one function, are one bar that
+    counts them; past MAX_BARS every task joins its lane's last bar."""
+    t = Telemetry()
+    worker = make_info()
+    for _ in range(10_000):
+        t.finished(_job(), _ok(5), worker)
+    report = t.report({}, 0)
+    bars = [bar for lane in report["lanes"] for bar in lane["bars"]]
+    assert sum(bar[3] for bar in bars) == 10_000
+    assert len(bars) < 100
+    assert report["outcomes"]["ok"] == 10_000
+    assert sum(report["buckets"]) == 10_000
+    assert t.report({}, 0)["lanes"] == []  # (each report starts afresh)
+
+
+def test_a_report_holds_at_most_max_bars(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Spread-out tasks (no merging by time) still make no more than MAX_BARS
+    bars a report, nor more than MAX_FAILURES failures."""
+    monkeypatch.setattr(telemetry, "MERGE_GAP_MS", -1.0)  # never merge by time
+    t = Telemetry()
+    workers = [make_info() for _ in range(4)]
+    for i in range(20_000):
+        failed = Result(id=1, failure=codec.failure_of(ValueError(i)), run_us=3)
+        t.finished(
+            _job(f"m:f{i % 3}"), failed if i % 2 else _ok(3, i % 2), workers[i % 4]
+        )
+    report = t.report({}, 0)
+    bars = [bar for lane in report["lanes"] for bar in lane["bars"]]
+    assert len(bars) <= telemetry.MAX_BARS
+    assert sum(bar[3] for bar in bars) == 20_000
+    assert len(report["failures"]) == telemetry.MAX_FAILURES
+    assert report["failures_left_out"] == 10_000 - telemetry.MAX_FAILURES
+
+
+def _report(ok: int, **changes: Any) -> dict[str, Any]:
+    report: dict[str, Any] = {
+        "t": 0,
+        "queued": 0,
+        "running": 0,
+        "outcomes": {"ok": ok, "error": 0, "cancelled": 0, "lost": 0},
+        "buckets": [ok] + [0] * len(telemetry.DURATION_BUCKETS_S),
+        "duration_sum_s": ok * 0.001,
+        "labels": [],
+        "lanes": [],
+        "failures": [],
+        "failures_left_out": 0,
+    }
+    return {**report, **changes}
+
+
+def test_totals_stay_monotonic_across_a_restarted_dispatcher() -> None:
+    """A new dispatcher counts from 0 again: what the old one counted is
+    kept, so that Prometheus sees a counter that only grows."""
+    board = Board("ns")
+    board.stats(_report(5))
+    board.stats(_report(8))
+    board.stats(_report(2))  # a new dispatcher
+    board.stats(_report(3))
+    assert board.outcomes["ok"] == 11
+    assert board.buckets[0] == 11
+    text = Metrics(board).text().decode()
+    samples = {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+    }
+    assert samples["shmpool_tasks_total", (("outcome", "ok"),)] == 11
+    assert samples["shmpool_task_duration_seconds_count", ()] == 11
+
+
+def test_a_dropped_worker_stays_marked_for_a_while_then_goes() -> None:
+    """A SIGKILLed worker's row says dropped and how it ended; the time from
+    its exit to its drop is observed; after GONE_KEEP_S it leaves."""
+    drops: list[float] = []
+    board = Board("ns")
+    board.on_drop_seen = drops.append
+    info = make_info(pid=4242)
+    board.event(DiscoveryEvent("worker-added", info))
+    board.note("worker-exited", pid=4242, signal="SIGKILL")
+    board.event(DiscoveryEvent("worker-dropped", info))
+    row = board.workers[str(info.uid)]
+    assert (row["status"], row["ended"]) == ("dropped", "signal SIGKILL")
+    assert len(drops) == 1 and drops[0] >= 0
+    board.sample(now=row["gone_at"] + 1)
+    assert str(info.uid) in board.workers
+    board.sample(now=row["gone_at"] + GONE_KEEP_S + 1)
+    assert str(info.uid) not in board.workers
+    assert str(info.uid) in board.take_changes()["removed"]  # type: ignore[index]
+
+
+def test_restarts_are_counted_by_name() -> None:
+    """A worker started again under a name seen before is a restart."""
+    board = Board("ns")
+    for name in ("worker-0", "worker-1", "worker-0", "worker-0"):
+        board.note("worker-started", pid=1, name=name)
+    assert board.restarts == 2
+    assert [e["kind"] for e in board.events].count("worker-restarted") == 2
+
+
+def test_what_a_page_is_sent_is_bounded() -> None:
+    """However much happens between two pushes, the changes hold only the
+    newest events and output lines."""
+    board = Board("ns")
+    for i in range(10 * MAX_EVENTS):
+        board.note("worker-stuck", pid=i)
+        board.output("w0", 1, f"line {i}")
+    changes = board.take_changes()
+    assert changes is not None
+    assert len(changes["events"]) == MAX_EVENTS
+    assert changes["output"][-1] == f"[w0 pid=1] line {10 * MAX_EVENTS - 1}"
+    assert len(board.events) == MAX_EVENTS
+    assert board.take_changes() is None
+
+
+@pytest.mark.parametrize(
+    ("given", "address"),
+    [
+        ("8787", ("127.0.0.1", 8787)),
+        ("0.0.0.0:0", ("0.0.0.0", 0)),
+        ("[::1]:9000", ("::1", 9000)),
+        ("localhost:80", ("localhost", 80)),
+    ],
+)
+def test_dashboard_addresses(given: str, address: tuple[str, int]) -> None:
+    assert listen_address(given) == address
+
+
+@pytest.mark.parametrize("bad", ["", "host:", "99999", "a:b"])
+def test_a_bad_dashboard_address_is_named(bad: str) -> None:
+    with pytest.raises(ValueError, match=r"give \[HOST:\]PORT"):
+        listen_address(bad)
+
+
+def test_only_loopback_is_trusted() -> None:
+    assert [is_loopback(h) for h in ("127.0.0.1", "::1", "localhost", "0.0.0.0")] == [
+        True,
+        True,
+        True,
+        False,
+    ]
+    assert not is_loopback("my-host.example")
