@@ -3,12 +3,18 @@
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
+import urllib.error
+import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
+
+from prometheus_client.parser import text_string_to_metric_families
 
 from tests.helpers import DEADLINE_S, ROOT, LineReader
 
@@ -115,3 +121,39 @@ def processes_mentioning(text: str) -> list[int]:
         if text.encode() in cmdline:
             found.append(int(entry.name))
     return found
+
+
+def dashboard_url(pool: RunningPool) -> str:
+    """The URL of the pool's dashboard, from its ready line."""
+    found = re.search(r"dashboard=(\S+)", pool.ready_line)
+    assert found, pool.ready_line
+    return found.group(1)
+
+
+def http_get(url: str, headers: dict[str, str] | None = None) -> tuple[int, Any, str]:
+    """Status, headers and body of a GET that follows no redirect."""
+
+    class NoRedirect(urllib.request.HTTPRedirectHandler):
+        def redirect_request(self, *args: Any, **kwargs: Any) -> None:
+            return None
+
+    opener = urllib.request.build_opener(NoRedirect)
+    try:
+        with opener.open(
+            urllib.request.Request(url, headers=headers or {}), timeout=10
+        ) as r:
+            return r.status, r.headers, r.read().decode()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.headers, exc.read().decode()
+
+
+def metrics_of(url: str) -> dict[str, float]:
+    """Each sample of ``/metrics`` by name and labels: ``name{k=v}``."""
+    status, _, text = http_get(url + "metrics")
+    assert status == 200, text
+    samples = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            labels = ",".join(f"{k}={v}" for k, v in sorted(sample.labels.items()))
+            samples[f"{sample.name}{{{labels}}}"] = sample.value
+    return samples

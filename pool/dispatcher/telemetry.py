@@ -57,7 +57,7 @@ DURATION_BUCKETS_S: Final = (
     60.0,
     300.0,
 )
-MERGE_GAP_MS: Final = 1.0
+MERGE_GAP_MS: Final = 5.0  # (a pixel of the page's 30 s stream is about 30 ms)
 MAX_BARS: Final = 2000
 MAX_FAILURES: Final = 5
 MAX_TRACEBACK_CHARS: Final = 4000

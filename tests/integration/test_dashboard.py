@@ -9,7 +9,6 @@ to ``test-artifacts/`` (or ``$SHMPOOL_ARTIFACTS``).
 from __future__ import annotations
 
 import os
-import re
 import secrets
 import signal
 import socket
@@ -20,11 +19,16 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
 from pool import Client, Pool
 from tests.helpers import ROOT, wait_until
-from tests.pools import RunningPool, pool_command, running_pool
+from tests.pools import (
+    dashboard_url,
+    http_get,
+    metrics_of,
+    pool_command,
+    running_pool,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -41,41 +45,6 @@ CHROMIUM_ARGS = [
     "--disable-component-update",
     "--disable-sync",
 ]
-
-
-def _url(pool: RunningPool) -> str:
-    found = re.search(r"dashboard=(\S+)", pool.ready_line)
-    assert found, pool.ready_line
-    return found.group(1)
-
-
-def _get(url: str, headers: dict[str, str] | None = None) -> tuple[int, Any, str]:
-    """Status, headers and body of a GET that follows no redirect."""
-
-    class NoRedirect(urllib.request.HTTPRedirectHandler):
-        def redirect_request(self, *args: Any, **kwargs: Any) -> None:
-            return None
-
-    opener = urllib.request.build_opener(NoRedirect)
-    try:
-        with opener.open(
-            urllib.request.Request(url, headers=headers or {}), timeout=10
-        ) as r:
-            return r.status, r.headers, r.read().decode()
-    except urllib.error.HTTPError as exc:
-        return exc.code, exc.headers, exc.read().decode()
-
-
-def _metrics(url: str) -> dict[str, float]:
-    """Each sample of ``/metrics`` by name and labels: ``name{k=v}``."""
-    status, _, text = _get(url + "metrics")
-    assert status == 200, text
-    samples = {}
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            labels = ",".join(f"{k}={v}" for k, v in sorted(sample.labels.items()))
-            samples[f"{sample.name}{{{labels}}}"] = sample.value
-    return samples
 
 
 @pytest.fixture
@@ -109,7 +78,7 @@ def test_the_page_follows_the_pool_live(namespace: str, browser: Any) -> None:
         ]
         assert len(pids) == 2
         page = browser.new_page(viewport={"width": 1280, "height": 900})
-        page.goto(_url(pool))
+        page.goto(dashboard_url(pool))
         page.wait_for_function(
             "ns => document.getElementById('namespace').textContent === ns",
             arg=namespace,
@@ -142,7 +111,7 @@ def test_the_page_follows_the_pool_live(namespace: str, browser: Any) -> None:
         ARTIFACTS.mkdir(parents=True, exist_ok=True)
         page.screenshot(path=str(ARTIFACTS / "dashboard.png"), full_page=True)
         phone = browser.new_page(viewport={"width": 390, "height": 844})
-        phone.goto(_url(pool))
+        phone.goto(dashboard_url(pool))
         phone.wait_for_selector(f'#workers tr[data-pid="{new_pid}"]')
         phone.screenshot(path=str(ARTIFACTS / "dashboard-phone.png"), full_page=True)
         width = phone.evaluate("document.documentElement.scrollWidth")
@@ -155,9 +124,9 @@ def test_metrics_count_every_task(namespace: str) -> None:
     with running_pool(
         namespace, "--workers", "2", "--dashboard", "127.0.0.1:0"
     ) as pool:
-        url = _url(pool)
-        wait_until(lambda: _metrics(url)["shmpool_workers{status=ready}"] == 2)
-        before = _metrics(url)
+        url = dashboard_url(pool)
+        wait_until(lambda: metrics_of(url)["shmpool_workers{status=ready}"] == 2)
+        before = metrics_of(url)
         ok, error = (
             "shmpool_tasks_total{outcome=ok}",
             "shmpool_tasks_total{outcome=error}",
@@ -167,9 +136,9 @@ def test_metrics_count_every_task(namespace: str) -> None:
             assert [f.result(timeout=30) for f in futures] == [i * i for i in range(25)]
             with pytest.raises(ZeroDivisionError):
                 client.submit(divmod, 1, 0).result(timeout=30)
-        wait_until(lambda: _metrics(url)[ok] >= before[ok] + 25)
-        wait_until(lambda: _metrics(url)[error] >= before[error] + 1)
-        after = _metrics(url)
+        wait_until(lambda: metrics_of(url)[ok] >= before[ok] + 25)
+        wait_until(lambda: metrics_of(url)[error] >= before[error] + 1)
+        after = metrics_of(url)
         assert after[ok] - before[ok] == 25
         assert after[error] - before[error] == 1
         count = "shmpool_task_duration_seconds_count{}"
@@ -202,19 +171,23 @@ def test_a_dashboard_off_loopback_asks_for_the_token(
         str(token_file),
     )
     with running_pool(namespace, *args) as pool:
-        url = _url(pool).replace("0.0.0.0", "127.0.0.1")
+        url = dashboard_url(pool).replace("0.0.0.0", "127.0.0.1")
         for path in ("", "metrics", "events", "api/state", "static/dashboard.js"):
-            status, _, body = _get(url + path)
+            status, _, body = http_get(url + path)
             assert status == 401, (path, status)
             assert "needs the pool's token" in body
-        assert _get(url + "metrics", {"Authorization": "Bearer " + "0" * 64})[0] == 401
-        status, _, body = _get(url + "metrics", {"Authorization": f"Bearer {token}"})
+        assert (
+            http_get(url + "metrics", {"Authorization": "Bearer " + "0" * 64})[0] == 401
+        )
+        status, _, body = http_get(
+            url + "metrics", {"Authorization": f"Bearer {token}"}
+        )
         assert status == 200 and "shmpool_workers" in body
-        status, headers, _ = _get(url + f"?token={token}")
+        status, headers, _ = http_get(url + f"?token={token}")
         assert status == 303 and headers["Location"] == "/"
         cookie = headers["Set-Cookie"]
         assert "HttpOnly" in cookie and "SameSite=Strict" in cookie
-        status, _, body = _get(url, {"Cookie": cookie.split(";")[0]})
+        status, _, body = http_get(url, {"Cookie": cookie.split(";")[0]})
         assert status == 200 and "<title>shm-pool</title>" in body
 
 
@@ -259,7 +232,7 @@ def test_an_embedded_pool_serves_a_dashboard() -> None:
         assert client.submit(pow, 3, 2).result(timeout=30) == 9
         url = pool.dashboard_url
         assert url.startswith("http://127.0.0.1:")
-        wait_until(lambda: _metrics(url)["shmpool_tasks_total{outcome=ok}"] == 1)
-        assert "<title>shm-pool</title>" in _get(url)[2]
+        wait_until(lambda: metrics_of(url)["shmpool_tasks_total{outcome=ok}"] == 1)
+        assert "<title>shm-pool</title>" in http_get(url)[2]
     with pytest.raises(urllib.error.URLError):
         urllib.request.urlopen(url + "metrics", timeout=5)

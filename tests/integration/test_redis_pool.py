@@ -24,7 +24,14 @@ from pool import Client
 from pool.client.rendezvous import locate
 from tests import sample_tasks
 from tests.helpers import ROOT, LineReader, python_module, wait_until
-from tests.pools import pool_command, processes_mentioning, running_pool
+from tests.pools import (
+    dashboard_url,
+    http_get,
+    metrics_of,
+    pool_command,
+    processes_mentioning,
+    running_pool,
+)
 from tests.redis_server import RedisServer
 from workers.protocol import auth
 
@@ -353,3 +360,25 @@ def test_the_dispatcher_can_serve_tls_to_clients_of_other_machines(
     half = pool_command("up", "-n", namespace, "--host", "127.0.0.1", *tls[:4])
     assert half.returncode == 2
     assert half.stderr.startswith("pool: error: with --host, --tls-cert and --tls-ca")
+
+
+def test_a_dashboard_on_redis_covers_the_workers_of_other_hosts(
+    namespace: str, redis_server: RedisServer
+) -> None:
+    """With --discovery, the dashboard's page state and /metrics count the
+    workers that joined from other hosts, and the tasks they ran."""
+    url = redis_server.url
+    up = ("--workers", "1", "--discovery", url, "--dashboard", "127.0.0.1:0")
+    with running_pool(namespace, *up) as pool:
+        page = dashboard_url(pool)
+        with remote_worker(namespace, url, "127.0.0.2") as other:
+            ready = "shmpool_workers{status=ready}"
+            wait_until(lambda: metrics_of(page)[ready] == 2)
+            state = json.loads(http_get(page + "api/state")[2])
+            pids = {row["pid"] for row in state["workers"].values()}
+            assert other in pids and len(pids) == 2
+            with Client(namespace, tags=("remote",)) as client:
+                done = client.map(sample_tasks.pid_after, [0] * 5, chunksize=1)
+                assert set(done) == {other}
+            ok = "shmpool_tasks_total{outcome=ok}"
+            wait_until(lambda: metrics_of(page)[ok] == 5)

@@ -144,3 +144,17 @@ def test_the_live_view_starts_clean_when_the_terminal_is_resized() -> None:
         assert out.getvalue().count("\x1b[2J") == 1
     finally:
         view.close()
+
+
+def test_the_live_view_names_the_dashboard_once_ready() -> None:
+    """The dashboard's URL, from the ready note, stays on screen below the
+    title, however many events scroll by."""
+    view = LiveView("dash", Console(file=io.StringIO(), width=80, color_system=None))
+    try:
+        assert not any("dashboard" in line for line in _screen(view))
+        view.note("ready", namespace="dash", dashboard="http://127.0.0.1:8787/")
+        for pid in range(2000, 2040):
+            view.event(DiscoveryEvent("worker-added", _worker(pid)))
+        assert _screen(view)[1] == "dashboard http://127.0.0.1:8787/"
+    finally:
+        view.close()

@@ -108,11 +108,11 @@ function renderWorkers() {
     cell(tr, w.uid, "opt");
     cell(tr, w.address, "addr opt").title = w.address;
     cell(tr, w.ended ? `${w.status} (${w.ended})` : w.status, `status ${w.status}`);
-    cell(tr, fmt(w.running), "n");
+    cell(tr, w.gone_at ? "–" : fmt(w.running), "n");
     cell(tr, fmt(w.done), "n");
     cell(tr, w.rss_mb === null ? "–" : `${fmt(w.rss_mb)} MB`, "n");
     cell(tr, w.cpu === null ? "–" : `${fmt(w.cpu)} %`, "n opt");
-    cell(tr, w.last_ms === null ? "–" : `${fmt(w.last_ms, 1)} ms`, "n");
+    cell(tr, w.last_ms === null ? "–" : `${fmt(w.last_ms, 1)} ms`, "n opt");
   }
 }
 

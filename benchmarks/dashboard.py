@@ -1,0 +1,203 @@
+"""What ``--dashboard`` costs ``submit``: the same pool with and without it.
+
+    python -m benchmarks.dashboard [--workers 2] [--rounds 6] [--tasks 20000]
+        [--browser throughout|with-dashboard|none]
+
+Two ``pool up`` processes of ``--workers`` workers each, one with
+``--dashboard 127.0.0.1:0``. Headless Chromium (Debian's, driven by
+Playwright) keeps the dashboard's page open, and ``/metrics`` is scraped
+every 5 s, as Prometheus would. Each round submits ``--tasks`` tasks of
+``pow`` (256 in flight) to one pool, then the other, in alternating order;
+the pool not measured is idle. Prints the median submit rate of each and
+their ratio, with the rounds' spread.
+
+``--browser throughout`` (the default) keeps the page open for every
+round, so that both pools share the machine with the same browser and
+the ratio is what the pool itself pays: the dispatcher's telemetry, the
+supervisor's board and the page's stream. ``with-dashboard`` opens it only
+for the dashboard pool's rounds (a browser on the pool's own 2 cores, the
+worst case); ``none`` leaves it closed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import re
+import statistics
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+import uuid
+from collections import deque
+from collections.abc import Iterator
+from concurrent.futures import Future
+from typing import Any
+
+if not __package__:  # run as a file: this file must not shadow the package
+    sys.path[0] = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+from pool import Client
+
+IN_FLIGHT = 256
+CHROMIUM = "/usr/bin/chromium"
+CHROMIUM_ARGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
+
+
+@contextlib.contextmanager
+def pool_up(workers: int, *args: str) -> Iterator[tuple[str, str]]:
+    """A running ``pool up``: its namespace and its ready line."""
+    namespace = f"bench-dash-{uuid.uuid4().hex[:8]}"
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "pool",
+            "up",
+            "-n",
+            namespace,
+            "--workers",
+            str(workers),
+            *args,
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        stdin=subprocess.DEVNULL,
+        text=True,
+    )
+    assert proc.stdout is not None
+    try:
+        for line in proc.stdout:
+            if line.startswith("ready "):
+                break
+        else:
+            raise RuntimeError("the pool did not start")
+        drain = threading.Thread(target=proc.stdout.read, daemon=True)
+        drain.start()
+        yield namespace, line
+    finally:
+        proc.send_signal(2)
+        try:
+            proc.wait(60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def submit_rate(client: Client, tasks: int) -> float:
+    started = time.perf_counter()
+    window: deque[Future[Any]] = deque()
+    for i in range(tasks):
+        window.append(client.submit(pow, i, 2))
+        if len(window) >= IN_FLIGHT:
+            window.popleft().result()
+    for future in window:
+        future.result()
+    return tasks / (time.perf_counter() - started)
+
+
+class Scraper(threading.Thread):
+    """``/metrics`` every 5 s, as a Prometheus would."""
+
+    def __init__(self, url: str) -> None:
+        super().__init__(daemon=True)
+        self.url, self.stop, self.scrapes = url, threading.Event(), 0
+
+    def run(self) -> None:
+        while not self.stop.wait(5.0):
+            with urllib.request.urlopen(self.url + "metrics", timeout=5) as reply:
+                reply.read()
+            self.scrapes += 1
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--rounds", type=int, default=6)
+    parser.add_argument("--tasks", type=int, default=20_000)
+    parser.add_argument(
+        "--browser",
+        choices=("throughout", "with-dashboard", "none"),
+        default="throughout",
+    )
+    args = parser.parse_args()
+    from playwright.sync_api import sync_playwright
+
+    rates: dict[str, list[float]] = {"plain": [], "dashboard": []}
+    with (
+        pool_up(args.workers) as (plain_ns, _),
+        pool_up(args.workers, "--dashboard", "127.0.0.1:0") as (dash_ns, ready),
+        sync_playwright() as playwright,
+        Client(plain_ns) as plain,
+        Client(dash_ns) as dash,
+    ):
+        url = re.search(r"dashboard=(\S+)", ready).group(1)  # type: ignore[union-attr]
+        browser = playwright.chromium.launch(
+            executable_path=CHROMIUM, args=CHROMIUM_ARGS
+        )
+        scraper = Scraper(url)
+        scraper.start()
+        page = None
+
+        def open_page() -> None:
+            nonlocal page
+            if page is None and args.browser != "none":
+                page = browser.new_page(viewport={"width": 1366, "height": 900})
+                page.goto(url)
+                page.wait_for_selector("#workers tbody tr")
+
+        def close_page() -> None:
+            nonlocal page
+            if page is not None and args.browser == "with-dashboard":
+                page.close()
+                page = None
+
+        for client in (plain, dash):
+            submit_rate(client, 2000)  # warm every worker
+        open_page()
+        for round_ in range(args.rounds):
+            order = [("plain", plain), ("dashboard", dash)]
+            for name, client in order if round_ % 2 == 0 else order[::-1]:
+                if name == "dashboard":
+                    open_page()
+                else:
+                    close_page()
+                rates[name].append(submit_rate(client, args.tasks))
+        bars = (
+            page.evaluate("document.getElementById('stream').dataset.bars")
+            if page
+            else "-"
+        )
+        scraper.stop.set()
+        browser.close()
+    plain_rate = statistics.median(rates["plain"])
+    dash_rate = statistics.median(rates["dashboard"])
+    ratios = [d / p for d, p in zip(rates["dashboard"], rates["plain"], strict=True)]
+    print(
+        f"pow submits, {args.workers} workers per pool, {args.tasks} tasks a round, "
+        f"{IN_FLIGHT} in flight, median of {args.rounds} rounds; browser "
+        f"{args.browser} (bars on the page at the end: {bars}), /metrics scraped "
+        f"{scraper.scrapes} times"
+    )
+    print(f"  without --dashboard {plain_rate:>10,.0f} tasks/s")
+    print(f"  with    --dashboard {dash_rate:>10,.0f} tasks/s")
+    print(
+        f"  with/without {dash_rate / plain_rate:.3f}x (round by round: "
+        f"{', '.join(f'{r:.3f}' for r in ratios)}; "
+        f"median {statistics.median(ratios):.3f})"
+    )
+
+
+if __name__ == "__main__":
+    main()
