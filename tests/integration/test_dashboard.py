@@ -236,3 +236,17 @@ def test_an_embedded_pool_serves_a_dashboard() -> None:
         assert "<title>shm-pool</title>" in http_get(url)[2]
     with pytest.raises(urllib.error.URLError):
         urllib.request.urlopen(url + "metrics", timeout=5)
+
+
+def test_a_loopback_dashboard_answers_only_to_loopback_names(namespace: str) -> None:
+    """A page of another site that rebinds its name to 127.0.0.1 (its Host
+    says that name) is refused; 127.0.0.1 and localhost are served."""
+    with running_pool(
+        namespace, "--workers", "1", "--dashboard", "127.0.0.1:0"
+    ) as pool:
+        url = dashboard_url(pool)
+        port = url.rsplit(":", 1)[1].strip("/")
+        assert http_get(url + "metrics")[0] == 200
+        assert http_get(url + "metrics", {"Host": f"localhost:{port}"})[0] == 200
+        status, _, body = http_get(url + "api/state", {"Host": f"evil.example:{port}"})
+        assert status == 403 and "only to loopback names" in body

@@ -191,3 +191,26 @@ def test_only_loopback_is_trusted() -> None:
         False,
     ]
     assert not is_loopback("my-host.example")
+
+
+def test_a_dashboard_without_its_extra_says_how_to_install_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Without aiohttp installed, asking for a dashboard is a setting error
+    that gives the install line (checked before anything starts)."""
+    import importlib.util
+
+    from pool.supervisor.settings import PoolSettings
+    from workers.settings import SettingError
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util,
+        "find_spec",
+        lambda name, *a: None if name == "aiohttp" else real(name, *a),
+    )
+    with pytest.raises(
+        SettingError, match=r"needs the dashboard extra: .*\[dashboard\]"
+    ):
+        PoolSettings(namespace="n", dashboard="127.0.0.1:0")
+    assert PoolSettings(namespace="n").dashboard is None

@@ -7,9 +7,11 @@ changes, and at least once a second), ``/api/state`` (the snapshot as JSON) and
 ``/metrics`` (Prometheus' text format, :mod:`.metrics`).
 
 Access: on a loopback address, this machine's users are trusted, as with
-the pool's unix sockets. On any other, every request needs the pool's
-token: ``Authorization: Bearer TOKEN``, or once ``?token=TOKEN``, which
-sets an HttpOnly cookie and redirects to the same page without it.
+the pool's unix sockets (a request whose Host is not a loopback name is
+refused: a foreign page that rebinds its name to 127.0.0.1 reads nothing).
+On any other, every request needs the pool's token: ``Authorization:
+Bearer TOKEN``, or once ``?token=TOKEN``, which sets an HttpOnly cookie and
+redirects to the same page without it.
 
 Bounds: each page gets a queue of :data:`PAGE_QUEUE` messages; a page that
 falls that far behind is disconnected (its browser reconnects and gets a
@@ -29,6 +31,7 @@ from typing import Any, Final
 from aiohttp import web
 from aiohttp.typedefs import Handler
 
+from pool.supervisor.dashboard import is_loopback
 from pool.supervisor.dashboard.board import Board
 from pool.supervisor.dashboard.metrics import Metrics
 
@@ -183,6 +186,12 @@ class Dashboard:
     ) -> web.StreamResponse:
         token = self._token
         if token is None:
+            # Trusted on loopback, but not a page elsewhere that renamed
+            # itself to this address (DNS rebinding): its Host names it.
+            if not is_loopback((request.url.host or "").strip("[]")):
+                raise web.HTTPForbidden(
+                    text="this dashboard answers only to loopback names\n"
+                )
             return await handler(request)
         if _same(request.query.get("token"), token):
             kept = {k: v for k, v in request.query.items() if k != "token"}
