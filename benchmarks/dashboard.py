@@ -41,18 +41,9 @@ if not __package__:  # run as a file: this file must not shadow the package
     sys.path[0] = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 from pool import Client
+from tests.browser import launch
 
 IN_FLIGHT = 256
-CHROMIUM = "/usr/bin/chromium"
-CHROMIUM_ARGS = [
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-quic",
-    "--no-first-run",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-]
 
 
 @contextlib.contextmanager
@@ -143,9 +134,7 @@ def main() -> None:
         Client(dash_ns) as dash,
     ):
         url = re.search(r"dashboard=(\S+)", ready).group(1)  # type: ignore[union-attr]
-        browser = playwright.chromium.launch(
-            executable_path=CHROMIUM, args=CHROMIUM_ARGS
-        )
+        browser = launch(playwright)
         scraper = Scraper(url)
         scraper.start()
         page = None

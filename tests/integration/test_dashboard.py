@@ -21,6 +21,7 @@ from typing import Any
 import pytest
 
 from pool import Client, Pool
+from tests.browser import CHROMIUM, launch
 from tests.helpers import ROOT, wait_until
 from tests.pools import (
     dashboard_url,
@@ -32,19 +33,7 @@ from tests.pools import (
 
 pytestmark = pytest.mark.integration
 
-CHROMIUM = "/usr/bin/chromium"
 ARTIFACTS = Path(os.environ.get("SHMPOOL_ARTIFACTS", ROOT / "test-artifacts"))
-# As the workplace's notes say Chromium must run here: no sandbox as root,
-# and nothing that reaches for the network on its own.
-CHROMIUM_ARGS = [
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-quic",
-    "--no-first-run",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-]
 
 
 @pytest.fixture
@@ -54,9 +43,7 @@ def browser() -> Iterator[Any]:
     from playwright.sync_api import sync_playwright
 
     with sync_playwright() as playwright:
-        browser = playwright.chromium.launch(
-            executable_path=CHROMIUM, args=CHROMIUM_ARGS
-        )
+        browser = launch(playwright)
         try:
             yield browser
         finally:
