@@ -30,6 +30,7 @@ import subprocess
 import sys
 import threading
 import time
+import timeit
 import urllib.request
 import uuid
 from collections import deque
@@ -186,6 +187,27 @@ def main() -> None:
         f"{', '.join(f'{r:.3f}' for r in ratios)}; "
         f"median {statistics.median(ratios):.3f})"
     )
+    print(f"  Telemetry.finished: {finished_ns():.0f} ns a task (median of 5)")
+
+
+def finished_ns() -> float:
+    """Median ns of one ``Telemetry.finished`` (the dispatcher's cost per
+    task with a dashboard), in this process: a figure the noise of a shared
+    machine moves less than a rate."""
+    from pool.dispatcher.jobs import Job
+    from pool.dispatcher.telemetry import Telemetry
+    from tests.streams import make_info
+    from workers.protocol.worker_pb2 import Result, Task
+
+    telemetry, worker = Telemetry(), make_info()
+    job = Job(Task(id=1, function="builtins:pow"), frozenset(), None, 1)  # type: ignore[arg-type]
+    result = Result(id=1, value=b"\x80\x05K\x04.", run_us=5)
+    each = [
+        timeit.timeit(lambda: telemetry.finished(job, result, worker), number=100_000)
+        * 1e4
+        for _ in range(5)
+    ]
+    return statistics.median(each)
 
 
 if __name__ == "__main__":

@@ -28,6 +28,7 @@ from __future__ import annotations
 import bisect
 import time
 from typing import Any, Final
+from uuid import UUID
 
 import grpc
 
@@ -61,6 +62,7 @@ MERGE_GAP_MS: Final = 5.0  # (a pixel of the page's 30 s stream is about 30 ms)
 MAX_BARS: Final = 2000
 MAX_FAILURES: Final = 5
 MAX_TRACEBACK_CHARS: Final = 4000
+_BUCKETS_US: Final = tuple(round(bound * 1e6) for bound in DURATION_BUCKETS_S)
 _LOST: Final = frozenset({"pool.errors.WorkerLost", "pool.errors.PoolStopping"})
 
 # A bar: [start_ms, end_ms, label index, tasks, failed (0 or 1)].
@@ -69,66 +71,72 @@ Bar = list[Any]
 
 def outcome_of(result: Result) -> str:
     """One of :data:`OUTCOMES`."""
-    if not result.HasField("failure"):
-        return "ok"
-    failure = result.failure
+    return _failed_outcome(result.failure) if result.HasField("failure") else "ok"
+
+
+def _failed_outcome(failure: Failure) -> str:
     if codec.status_of(failure) == grpc.StatusCode.CANCELLED:
         return "cancelled"
     return "lost" if failure.type in _LOST else "error"
 
 
 class Telemetry:
-    """See the module docstring."""
+    """See the module docstring. :meth:`finished` runs once per task, on the
+    dispatcher's loop: it is kept to about a microsecond."""
 
     def __init__(self) -> None:
         self.outcomes = dict.fromkeys(OUTCOMES, 0)
         self.buckets = [0] * (len(DURATION_BUCKETS_S) + 1)  # the last: +Inf
-        self.duration_sum_s = 0.0
-        self._lanes: dict[tuple[str, int], list[Bar]] = {}
-        self._lane_pids: dict[tuple[str, int], int] = {}
+        self._run_us = 0  # their sum
+        self._lanes: dict[tuple[UUID, int], list[Bar]] = {}
+        self._lane_pids: dict[tuple[UUID, int], int] = {}
         self._labels: dict[str, int] = {}
         self._bars = 0
         self._failures: list[dict[str, Any]] = []
         self._failures_left_out = 0
 
+    @property
+    def duration_sum_s(self) -> float:
+        return self._run_us / 1e6
+
     def finished(self, job: Job, result: Result, worker: WorkerInfo | None) -> None:
         """``job`` ended with ``result``, from ``worker`` if one ran it."""
-        outcome = outcome_of(result)
+        failed = result.HasField("failure")
+        outcome = _failed_outcome(result.failure) if failed else "ok"
         self.outcomes[outcome] += 1
-        if result.run_us:
-            run_s = result.run_us / 1e6
-            self.buckets[bisect.bisect_left(DURATION_BUCKETS_S, run_s)] += 1
-            self.duration_sum_s += run_s
+        if run_us := result.run_us:
+            self.buckets[bisect.bisect_left(_BUCKETS_US, run_us)] += 1
+            self._run_us += run_us
+        if worker is None or not (run_us or outcome == "error"):
+            return
         task = job.task
         label = task.function or task.label or "(shipped)"
-        if worker is not None and (result.run_us or outcome == "error"):
-            self._bar(worker, result, label, outcome != "ok")
+        if (index := self._labels.get(label)) is None:
+            index = self._labels[label] = len(self._labels)
+        self._bar((worker.uid, result.slot), worker.pid, run_us, index, failed)
         if outcome == "error":
             self._failed(result.failure, label, worker)
 
     def _bar(
-        self, worker: WorkerInfo, result: Result, label: str, failed: bool
+        self, lane: tuple[UUID, int], pid: int, run_us: int, label: int, failed: bool
     ) -> None:
-        end_ms = time.time() * 1e3
-        start_ms = end_ms - result.run_us / 1e3
-        lane = (str(worker.uid), result.slot)
+        end_ms = time.time() * 1e3  # (the browser's clock: wall time)
+        start_ms = end_ms - run_us / 1e3
         bars = self._lanes.get(lane)
         if bars is None:
             bars = self._lanes[lane] = []
-            self._lane_pids[lane] = worker.pid
-        index = self._labels.setdefault(label, len(self._labels))
-        if bars:
+            self._lane_pids[lane] = pid
+        elif self._bars >= MAX_BARS or (
+            (last := bars[-1])[2] == label
+            and last[4] == failed
+            and start_ms - last[1] <= MERGE_GAP_MS
+        ):
             last = bars[-1]
-            if self._bars >= MAX_BARS or (
-                last[2] == index
-                and last[4] == failed
-                and start_ms - last[1] <= MERGE_GAP_MS
-            ):
-                last[1] = max(last[1], end_ms)
-                last[3] += 1
-                last[4] = last[4] or failed
-                return
-        bars.append([round(start_ms, 1), round(end_ms, 1), index, 1, failed])
+            last[1] = end_ms if end_ms > last[1] else last[1]
+            last[3] += 1
+            last[4] = last[4] or failed
+            return
+        bars.append([start_ms, end_ms, label, 1, failed])
         self._bars += 1
 
     def _failed(self, failure: Failure, label: str, worker: WorkerInfo | None) -> None:
@@ -156,7 +164,12 @@ class Telemetry:
             if job.started
         )
         lanes = [
-            {"uid": uid, "pid": self._lane_pids[uid, slot], "slot": slot, "bars": bars}
+            {
+                "uid": str(uid),
+                "pid": self._lane_pids[uid, slot],
+                "slot": slot,
+                "bars": [[round(b[0], 1), round(b[1], 1), *b[2:]] for b in bars],
+            }
             for (uid, slot), bars in self._lanes.items()
         ]
         report = {
