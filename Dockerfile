@@ -7,7 +7,7 @@ COPY pyproject.toml README.md ./
 COPY discovery discovery
 COPY workers workers
 COPY pool pool
-RUN pip install --no-cache-dir '.[redis]'
+RUN pip install --no-cache-dir '.[redis,dashboard]'
 
 # Task modules: mount yours here (or build an image FROM this one with them);
 # workers import from their working directory.

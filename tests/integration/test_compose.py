@@ -22,6 +22,7 @@ import yaml
 from pool import Client
 from tests import sample_tasks
 from tests.helpers import ROOT, LineReader, children_of, wait_until
+from tests.pools import http_get
 from tests.redis_server import RedisServer, free_port
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(90)]
@@ -115,6 +116,7 @@ def test_the_compose_topology_runs_tasks(
         "--namespace=default": f"--namespace={namespace}",
         "--port=7070": f"--port={port}",
         "localhost:7070": f"127.0.0.1:{port}",
+        "--dashboard=0.0.0.0:8787": "--dashboard=0.0.0.0:0",
     }
     with ExitStack() as stack:
         dispatcher = stack.enter_context(
@@ -123,7 +125,7 @@ def test_the_compose_topology_runs_tasks(
                 services["dispatcher"].get("environment", {}),
             )
         )
-        dispatcher.wait_for("ready ", 30)
+        ready = dispatcher.wait_for("ready ", 30)
         for _ in range(WORKERS):
             stack.enter_context(
                 _service(
@@ -142,6 +144,12 @@ def test_the_compose_topology_runs_tasks(
             ]
             pids = set(client.map(sample_tasks.pid_after, [0.2] * 8))
             assert len(pids) == WORKERS
+        # Its dashboard, on all addresses, asks for the token.
+        page = ready.split("dashboard=")[1].split()[0].replace("0.0.0.0", "127.0.0.1")
+        assert http_get(page + "metrics")[0] == 401
+        bearer = {"Authorization": f"Bearer {token.read_text()}"}
+        metrics = http_get(page + "metrics", bearer)[2]
+        assert f'shmpool_workers{{status="ready"}} {WORKERS}.0' in metrics
 
 
 @contextmanager
