@@ -164,11 +164,10 @@ def main() -> None:
                 else:
                     close_page()
                 rates[name].append(submit_rate(client, args.tasks))
-        bars = (
-            page.evaluate("document.getElementById('stream').dataset.bars")
-            if page
-            else "-"
-        )
+        bars, drawn = "-", None
+        if page is not None:
+            bars = page.evaluate("document.getElementById('stream').dataset.bars")
+            drawn = page.evaluate("window.dashboardPerf")
         scraper.stop.set()
         browser.close()
     plain_rate = statistics.median(rates["plain"])
@@ -188,6 +187,12 @@ def main() -> None:
         f"median {statistics.median(ratios):.3f})"
     )
     print(f"  Telemetry.finished: {finished_ns():.0f} ns a task (median of 5)")
+    if drawn and drawn["renders"]:
+        mean = drawn["totalMs"] / drawn["renders"]
+        print(
+            f"  the page drew {drawn['renders']} times: {mean:.1f} ms on average, "
+            f"{drawn['maxMs']:.1f} ms at most"
+        )
 
 
 def finished_ns() -> float:

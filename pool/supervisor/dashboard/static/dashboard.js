@@ -12,6 +12,9 @@ const state = { header: {}, workers: {}, lanes: {}, bars: [], series: [], events
   output: [], failures: [] };
 let skewMs = 0;  // the server's clock minus ours, from its series points
 let drawPending = false;
+// How long drawing takes (read by benchmarks/dashboard.py).
+const perf = { renders: 0, lastMs: 0, maxMs: 0, totalMs: 0 };
+window.dashboardPerf = perf;
 
 const $ = (id) => document.getElementById(id);
 
@@ -51,6 +54,7 @@ function schedule() {
 }
 
 function render() {
+  const started = performance.now();
   renderHeader();
   renderWorkers();
   drawStream();
@@ -58,6 +62,11 @@ function render() {
   renderEvents();
   renderOutput();
   renderFailures();
+  const ms = performance.now() - started;
+  perf.renders += 1;
+  perf.lastMs = ms;
+  perf.totalMs += ms;
+  perf.maxMs = Math.max(perf.maxMs, ms);
 }
 
 function fmt(n, digits = 0) {
