@@ -85,6 +85,7 @@ class Telemetry:
     dispatcher's loop: it is kept to about a microsecond."""
 
     def __init__(self) -> None:
+        self.since = time.time()  # (a restarted dispatcher reports a new one)
         self.outcomes = dict.fromkeys(OUTCOMES, 0)
         self.buckets = [0] * (len(DURATION_BUCKETS_S) + 1)  # the last: +Inf
         self._run_us = 0  # their sum
@@ -174,6 +175,7 @@ class Telemetry:
         ]
         report = {
             "t": time.time() * 1e3,
+            "since": self.since,
             "queued": queued,
             "running": running,
             "outcomes": dict(self.outcomes),

@@ -237,3 +237,23 @@ def test_a_loopback_dashboard_answers_only_to_loopback_names(namespace: str) -> 
         assert http_get(url + "metrics", {"Host": f"localhost:{port}"})[0] == 200
         status, _, body = http_get(url + "api/state", {"Host": f"evil.example:{port}"})
         assert status == 403 and "only to loopback names" in body
+
+
+def test_task_counters_survive_a_restarted_dispatcher(namespace: str) -> None:
+    """A SIGKILLed dispatcher is replaced and counts from 0 again; /metrics
+    keeps counting from where the first left off."""
+    with running_pool(
+        namespace, "--workers", "1", "--dashboard", "127.0.0.1:0"
+    ) as pool:
+        url, ok = dashboard_url(pool), "shmpool_tasks_total{outcome=ok}"
+        with Client(namespace) as client:
+            assert [client.submit(pow, i, 2).result(30) for i in range(3)] == [0, 1, 4]
+        wait_until(lambda: metrics_of(url)[ok] == 3)
+        first = next(s for s in pool.lines.seen if s.startswith("dispatcher-started"))
+        os.kill(int(first.split("pid=")[1]), signal.SIGKILL)
+        pool.wait_for("dispatcher-exited ")
+        pool.wait_for("dispatcher-started ")
+        with Client(namespace) as client:
+            assert [client.submit(pow, i, 2).result(30) for i in range(2)] == [0, 1]
+        wait_until(lambda: metrics_of(url)[ok] == 5)
+        assert metrics_of(url)[ok] == 5

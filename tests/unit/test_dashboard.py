@@ -84,9 +84,10 @@ def test_a_report_holds_at_most_max_bars(monkeypatch: pytest.MonkeyPatch) -> Non
     assert report["failures_left_out"] == 10_000 - telemetry.MAX_FAILURES
 
 
-def _report(ok: int, **changes: Any) -> dict[str, Any]:
+def _report(ok: int, since: float = 1.0, **changes: Any) -> dict[str, Any]:
     report: dict[str, Any] = {
         "t": 0,
+        "since": since,
         "queued": 0,
         "running": 0,
         "outcomes": {"ok": ok, "error": 0, "cancelled": 0, "lost": 0},
@@ -106,18 +107,18 @@ def test_totals_stay_monotonic_across_a_restarted_dispatcher() -> None:
     board = Board("ns")
     board.stats(_report(5))
     board.stats(_report(8))
-    board.stats(_report(2))  # a new dispatcher
-    board.stats(_report(3))
-    assert board.outcomes["ok"] == 11
-    assert board.buckets[0] == 11
+    board.stats(_report(9, since=2.0))  # a new dispatcher, already busy
+    board.stats(_report(10, since=2.0))
+    assert board.outcomes["ok"] == 18
+    assert board.buckets[0] == 18
     text = Metrics(board).text().decode()
     samples = {
         (s.name, tuple(sorted(s.labels.items()))): s.value
         for family in text_string_to_metric_families(text)
         for s in family.samples
     }
-    assert samples["shmpool_tasks_total", (("outcome", "ok"),)] == 11
-    assert samples["shmpool_task_duration_seconds_count", ()] == 11
+    assert samples["shmpool_tasks_total", (("outcome", "ok"),)] == 18
+    assert samples["shmpool_task_duration_seconds_count", ()] == 18
 
 
 def test_a_dropped_worker_stays_marked_for_a_while_then_goes() -> None:

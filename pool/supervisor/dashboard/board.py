@@ -153,12 +153,11 @@ class Board:
         self._changes["header"] = True
 
     def _totals(self, report: dict[str, Any]) -> None:
-        """Add the dispatcher's totals to ours; a restarted dispatcher starts
-        from 0, so what its predecessor counted becomes the base."""
+        """Add the dispatcher's totals to ours; a restarted dispatcher (its
+        reports say another ``since``) starts from 0, so what its predecessor
+        counted becomes the base."""
         last = self._last
-        if last is not None and sum(report["outcomes"].values()) < sum(
-            last["outcomes"].values()
-        ):
+        if last is not None and last["since"] != report["since"]:
             outcomes, buckets, total_s = self._base
             for key in OUTCOMES:
                 outcomes[key] += last["outcomes"].get(key, 0)
