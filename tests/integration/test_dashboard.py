@@ -83,6 +83,11 @@ def test_the_page_follows_the_pool_live(namespace: str, browser: Any) -> None:
         page.wait_for_selector(
             f'#workers tr[data-pid="{new_pid}"][data-status="ready"]'
         )
+        drops = "shmpool_worker_drop_seconds_count{}"
+        wait_until(lambda: metrics_of(dashboard_url(pool))[drops] == 1)
+        after_kill = metrics_of(dashboard_url(pool))
+        assert after_kill["shmpool_worker_restarts_total{}"] == 1
+        assert after_kill["shmpool_worker_drop_seconds_bucket{le=1.0}"] == 1
         with Client(namespace) as client:
             assert list(client.map(pow, range(40), [2] * 40)) == [
                 i * i for i in range(40)

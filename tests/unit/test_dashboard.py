@@ -215,3 +215,18 @@ def test_a_dashboard_without_its_extra_says_how_to_install_it(
     ):
         PoolSettings(namespace="n", dashboard="127.0.0.1:0")
     assert PoolSettings(namespace="n").dashboard is None
+
+
+def test_a_drop_seen_before_the_exit_counts_as_seen_at_once() -> None:
+    """Discovery may drop a killed worker before the supervisor's pidfd says
+    it exited: its drop time is then 0, and it is still observed once."""
+    drops: list[float] = []
+    board = Board("ns")
+    board.on_drop_seen = drops.append
+    info = make_info(pid=4343)
+    board.event(DiscoveryEvent("worker-added", info))
+    board.event(DiscoveryEvent("worker-dropped", info))
+    board.note("worker-exited", pid=4343, signal="SIGKILL")
+    assert drops == [0.0]
+    row = board.workers[str(info.uid)]
+    assert (row["status"], row["ended"]) == ("dropped", "signal SIGKILL")

@@ -270,18 +270,18 @@ class Board:
 
     def _exited(self, pid: int, fields: dict[str, Any]) -> None:
         """One of the supervisor's workers ended: mark its row, and time how
-        long discovery takes to drop it (unless it did already)."""
+        long discovery takes to drop it (no time at all if it did first)."""
         uid = self._uid_of_pid.get(pid)
         row = self.workers.get(uid) if uid is not None else None
-        if row is None or row["gone_at"] is None:
+        if row is not None and row["status"] == "dropped":
+            if self.on_drop_seen is not None:
+                self.on_drop_seen(0.0)
+        else:
             self._exited_at[pid] = time.time()
         if row is None or uid is None:
             return
-        row["ended"] = (
-            f"signal {fields['signal']}"
-            if "signal" in fields
-            else (f"exit code {fields.get('code')}")
-        )
+        how = f"signal {fields['signal']}" if "signal" in fields else None
+        row["ended"] = how or f"exit code {fields.get('code')}"
         if row["gone_at"] is None:
             row.update(status="exited", gone_at=time.time())
         self._changes["workers"][uid] = row
