@@ -230,3 +230,11 @@ def test_a_drop_seen_before_the_exit_counts_as_seen_at_once() -> None:
     assert drops == [0.0]
     row = board.workers[str(info.uid)]
     assert (row["status"], row["ended"]) == ("dropped", "signal SIGKILL")
+
+
+def test_output_reaches_the_page_as_plain_text() -> None:
+    """Colours, cursor moves, a title escape and control characters a task
+    writes are dropped; its text stays."""
+    board = Board("ns")
+    board.output("w1", 7, "\x1b[31mred\x1b[0m \x1b[2J\x1b]0;title\x07done\x08!")
+    assert list(board.lines) == ["[w1 pid=7] red done!"]

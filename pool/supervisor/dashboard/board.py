@@ -25,6 +25,7 @@ nothing here blocks or waits.
 
 from __future__ import annotations
 
+import re
 import time
 from collections import deque
 from collections.abc import Callable
@@ -44,6 +45,10 @@ MAX_STREAM_BARS: Final = 5000
 MAX_LANES: Final = 256  # worker slots the stream has rows for; then the oldest go
 MAX_LABELS: Final = 24  # functions with a colour of their own; then "other"
 CPU_STALE_S: Final = 5.0  # a CPU % older than this is not shown
+# A terminal's escape sequences (colours, cursor moves): the page shows text.
+_ESCAPES: Final = re.compile(
+    r"\x1b(\[[0-?]*[ -/]*[@-~]|\][^\x07\x1b]*(\x07|\x1b\\)?|.)"
+)
 
 
 class Board:
@@ -119,7 +124,8 @@ class Board:
         self._event(kind, " ".join(f"{k}={v}" for k, v in fields.items()))
 
     def output(self, name: str, pid: int, text: str) -> None:
-        line = output_line(name, pid, text)
+        plain = "".join(c for c in _ESCAPES.sub("", text) if c.isprintable())
+        line = output_line(name, pid, plain)
         self.lines.append(line)
         self._changes["output"].append(line)
 

@@ -86,7 +86,9 @@ function renderHeader() {
     .filter(([status]) => !["dropped", "exited"].includes(status));
   const live = byStatus.reduce((sum, [, n]) => sum + n, 0);
   $("t-workers").textContent = live;
-  $("t-workers").title = byStatus.map(([s, n]) => `${n} ${s}`).join(", ");
+  const others = byStatus.filter(([status]) => status !== "ready");
+  $("t-workers-by").textContent = others.length
+    ? `workers: ${byStatus.map(([s, n]) => `${n} ${s}`).join(", ")}` : "workers, ready";
   $("t-rate").textContent = fmt(h.rate);
   $("t-queued").textContent = fmt(h.queued);
   $("t-running").textContent = fmt(h.running);
