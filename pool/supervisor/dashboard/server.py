@@ -95,7 +95,7 @@ class Dashboard:
         except OSError as exc:
             await self._stack.aclose()
             raise DashboardUnavailable(self._host, self._port, exc) from None
-        port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        port = runner.addresses[0][1]  # (the port bound, for port 0)
         host = f"[{self._host}]" if ":" in self._host else self._host
         self.url = f"http://{host}:{port}/"
         group = await self._stack.enter_async_context(asyncio.TaskGroup())
