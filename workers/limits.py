@@ -129,5 +129,17 @@ class MemoryWatch:
                 os._exit(OVER_MEMORY_EXIT)
 
 
+def warn_if_under_baseline(limit: int) -> None:
+    """Say so if this worker is over ``limit`` before any task: it would
+    retire after every task, and its replacements too."""
+    if limit and (rss := rss_bytes()) > limit:
+        print(
+            f"worker: warning: max_memory ({_mb(limit)}) is below this worker's "
+            f"own memory before any task ({_mb(rss)}), so every worker retires "
+            f"after each task; give more, such as {_mb(2 * rss)}",
+            file=sys.stderr,
+        )
+
+
 def _mb(size: int) -> str:
     return f"{size / 1e6:.0f} MB"

@@ -40,7 +40,13 @@ from grpc_health.v1 import health, health_pb2_grpc
 import discovery
 from discovery import DiscoveryError, Status, WorkerInfo, backends, paths
 from workers import imports, initializer, serving
-from workers.limits import Limits, MemoryWatch, parse_size, rss_bytes
+from workers.limits import (
+    Limits,
+    MemoryWatch,
+    parse_size,
+    rss_bytes,
+    warn_if_under_baseline,
+)
 from workers.protocol import auth, worker_pb2_grpc
 from workers.service import WorkerService
 from workers.settings import WorkerSettings, parse
@@ -104,6 +110,7 @@ async def _serve(config: WorkerSettings, stopper: serving.Stopper) -> None:
     uid = uuid.uuid4()
     changed = asyncio.Event()
     max_memory = parse_size(config.max_memory or 0)
+    warn_if_under_baseline(max_memory)
     limits = Limits(config.max_tasks_per_child, max_memory)
     service = WorkerService(
         config.concurrency,

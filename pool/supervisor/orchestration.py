@@ -231,7 +231,8 @@ class Supervisor:
     async def _say_ready(self) -> None:
         """Every worker is registered: say so, to all who wait for it."""
         ready: dict[str, Any] = {"namespace": self.settings.namespace}
-        ready.update(workers=len(self._workers), address=self.address)
+        started = sum(1 for child in self._workers if child.ready)  # (0 if broken)
+        ready.update(workers=started, address=self.address)
         if self.settings.paths:
             ready["path"] = ":".join(self.settings.paths)
         if self.dashboard is not None:

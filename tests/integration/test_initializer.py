@@ -44,7 +44,8 @@ def test_a_failing_initializer_fails_every_task_with_its_own_exception(
     namespace: str,
 ) -> None:
     init = ["--initializer", "tests.sample_tasks:refuse_to_start", "--initarg", "no"]
-    with running_pool(namespace, "--workers", "2", *init):
+    with running_pool(namespace, "--workers", "2", *init) as up:
+        assert " workers=0 " in up.ready_line  # (none started)
         with Client(namespace) as client:
             for fn in (sample_tasks.read_base, os.getpid):
                 with pytest.raises(pool.InitializerFailed) as raised:

@@ -65,3 +65,15 @@ def test_a_task_that_blows_through_max_memory_is_not_retried_for_ever(
             with pytest.raises(pool.WorkerLost):
                 future.result(timeout=DEADLINE_S * 3)
             assert client.submit(sample_tasks.square, 7).result(DEADLINE_S) == 49
+
+
+def test_a_max_memory_below_a_fresh_workers_own_is_named(namespace: str) -> None:
+    """A limit a worker is over before any task (10 MB) would replace it
+    after every task: each worker says so, with a size that would do."""
+    with running_pool(namespace, "--workers", "1", "--max-memory", "10MB") as up:
+        # (written before the worker is ready, but on another pipe than its
+        # ready line: it may come before or after the pool's)
+        warned = [line for line in up.lines.seen if line.startswith("[w0 ")]
+        warning = warned[0] if warned else up.wait_for("[w0 ")
+        assert "max_memory (10 MB) is below this worker's own memory" in warning
+        assert "every worker retires after each task; give more" in warning
