@@ -45,11 +45,13 @@ from pool import Client
 from tests.browser import launch
 
 IN_FLIGHT = 256
+ROLES = ("supervisor", "dispatcher")
 
 
 @contextlib.contextmanager
-def pool_up(workers: int, *args: str) -> Iterator[tuple[str, str]]:
-    """A running ``pool up``: its namespace and its ready line."""
+def pool_up(workers: int, *args: str) -> Iterator[tuple[str, str, list[int]]]:
+    """A running ``pool up``: its namespace, its ready line, and the pids of
+    its supervisor and dispatcher."""
     namespace = f"bench-dash-{uuid.uuid4().hex[:8]}"
     proc = subprocess.Popen(
         [
@@ -70,14 +72,17 @@ def pool_up(workers: int, *args: str) -> Iterator[tuple[str, str]]:
     )
     assert proc.stdout is not None
     try:
+        pids = [proc.pid]
         for line in proc.stdout:
+            if line.startswith("dispatcher-started "):
+                pids.append(int(line.split("pid=")[1]))
             if line.startswith("ready "):
                 break
         else:
             raise RuntimeError("the pool did not start")
         drain = threading.Thread(target=proc.stdout.read, daemon=True)
         drain.start()
-        yield namespace, line
+        yield namespace, line, pids
     finally:
         proc.send_signal(2)
         try:
@@ -85,6 +90,16 @@ def pool_up(workers: int, *args: str) -> Iterator[tuple[str, str]]:
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
+
+
+def cpu_s(pids: list[int]) -> float:
+    """CPU seconds (user and system) the processes have used so far."""
+    total = 0
+    for pid in pids:
+        with open(f"/proc/{pid}/stat") as stat:
+            fields = stat.read().rsplit(")", 1)[1].split()
+        total += int(fields[11]) + int(fields[12])  # utime, stime
+    return total / os.sysconf("SC_CLK_TCK")
 
 
 def submit_rate(client: Client, tasks: int) -> float:
@@ -123,21 +138,33 @@ def main() -> None:
         choices=("throughout", "with-dashboard", "none"),
         default="throughout",
     )
+    parser.add_argument(
+        "--control",
+        action="store_true",
+        help="start the second pool without --dashboard too (and open no page): "
+        "the ratio then says how far apart two like pools measure here",
+    )
     args = parser.parse_args()
     from playwright.sync_api import sync_playwright
 
     rates: dict[str, list[float]] = {"plain": [], "dashboard": []}
+    cpu = {(name, role): 0.0 for name in rates for role in ROLES}
+    dashboard = () if args.control else ("--dashboard", "127.0.0.1:0")
+    if args.control:
+        args.browser = "none"
     with (
-        pool_up(args.workers) as (plain_ns, _),
-        pool_up(args.workers, "--dashboard", "127.0.0.1:0") as (dash_ns, ready),
+        pool_up(args.workers) as (plain_ns, _, plain_pids),
+        pool_up(args.workers, *dashboard) as (dash_ns, ready, dash_pids),
         sync_playwright() as playwright,
         Client(plain_ns) as plain,
         Client(dash_ns) as dash,
     ):
-        url = re.search(r"dashboard=(\S+)", ready).group(1)  # type: ignore[union-attr]
+        found = re.search(r"dashboard=(\S+)", ready)
+        url = found.group(1) if found else ""
         browser = launch(playwright)
         scraper = Scraper(url)
-        scraper.start()
+        if url:
+            scraper.start()
         page = None
 
         def open_page() -> None:
@@ -163,7 +190,11 @@ def main() -> None:
                     open_page()
                 else:
                     close_page()
+                pids = dash_pids if name == "dashboard" else plain_pids
+                before = [cpu_s([pid]) for pid in pids]
                 rates[name].append(submit_rate(client, args.tasks))
+                for role, pid, then in zip(ROLES, pids, before, strict=True):
+                    cpu[name, role] += cpu_s([pid]) - then
         bars, drawn = "-", None
         if page is not None:
             bars = page.evaluate("document.getElementById('stream').dataset.bars")
@@ -178,14 +209,23 @@ def main() -> None:
         f"{IN_FLIGHT} in flight, median of {args.rounds} rounds; browser "
         f"{args.browser} (bars on the page at the end: {bars}), /metrics scraped "
         f"{scraper.scrapes} times"
+        + ("; CONTROL: both pools plain" if args.control else "")
     )
     print(f"  without --dashboard {plain_rate:>10,.0f} tasks/s")
-    print(f"  with    --dashboard {dash_rate:>10,.0f} tasks/s")
+    second = "plain again" if args.control else "with    --dashboard"
+    print(f"  {second:<19} {dash_rate:>10,.0f} tasks/s")
     print(
         f"  with/without {dash_rate / plain_rate:.3f}x (round by round: "
         f"{', '.join(f'{r:.3f}' for r in ratios)}; "
         f"median {statistics.median(ratios):.3f})"
     )
+    tasks = args.rounds * args.tasks
+    for role in ROLES:
+        plain_us, dash_us = (cpu[k, role] / tasks * 1e6 for k in ("plain", "dashboard"))
+        print(
+            f"  {role} CPU a task: {plain_us:.1f} us without, {dash_us:.1f} us with "
+            f"(+{dash_us - plain_us:.1f} us)"
+        )
     print(f"  Telemetry.finished: {finished_ns():.0f} ns a task (median of 5)")
     if drawn and drawn["renders"]:
         mean = drawn["totalMs"] / drawn["renders"]

@@ -88,7 +88,7 @@ function renderHeader() {
   $("t-workers").textContent = live;
   const others = byStatus.filter(([status]) => status !== "ready");
   $("t-workers-by").textContent = others.length
-    ? `workers: ${byStatus.map(([s, n]) => `${n} ${s}`).join(", ")}` : "workers, ready";
+    ? `workers: ${byStatus.map(([s, n]) => `${n} ${s}`).join(", ")}` : "workers ready";
   $("t-rate").textContent = fmt(h.rate);
   $("t-queued").textContent = fmt(h.queued);
   $("t-running").textContent = fmt(h.running);
