@@ -83,7 +83,7 @@ class Registrations:
                 return
             self._linked.add(str(report["linked"]))
         except (ValueError, KeyError, TypeError):
-            log.warning("ignoring a report line that is not a link: %r", line)
+            log.warning("ignoring a report line not of a link or stats: %.200r", line)
             return
         self.changed.set()
 
