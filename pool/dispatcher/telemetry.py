@@ -128,16 +128,17 @@ class Telemetry:
         if bars is None:
             bars = self._lanes[lane] = []
             self._lane_pids[lane] = pid
-        elif self._bars >= MAX_BARS or (
-            (last := bars[-1])[2] == label
-            and last[4] == failed
-            and start_ms - last[1] <= MERGE_GAP_MS
-        ):
+        else:
             last = bars[-1]
-            last[1] = end_ms if end_ms > last[1] else last[1]
-            last[3] += 1
-            last[4] = last[4] or failed
-            return
+            if self._bars >= MAX_BARS or (
+                last[2] == label
+                and last[4] == failed
+                and start_ms - last[1] <= MERGE_GAP_MS
+            ):
+                last[1] = max(last[1], end_ms)
+                last[3] += 1
+                last[4] = last[4] or failed
+                return
         bars.append([start_ms, end_ms, label, 1, failed])
         self._bars += 1
 

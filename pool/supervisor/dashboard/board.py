@@ -45,6 +45,7 @@ MAX_STREAM_BARS: Final = 5000
 MAX_LANES: Final = 256  # worker slots the stream has rows for; then the oldest go
 MAX_LABELS: Final = 24  # functions with a colour of their own; then "other"
 CPU_STALE_S: Final = 5.0  # a CPU % older than this is not shown
+CPU_SPAN_S: Final = 0.2
 # A terminal's escape sequences (colours, cursor moves): the page shows text.
 _ESCAPES: Final = re.compile(
     r"\x1b(\[[0-?]*[ -/]*[@-~]|\][^\x07\x1b]*(\x07|\x1b\\)?|.)"
@@ -238,15 +239,15 @@ class Board:
 
     def _row(self, info: WorkerInfo, now: float) -> dict[str, Any]:
         extra, uid = info.extra, str(info.uid)
-        cpu = None
-        if (cpu_s := _number(extra.get("cpu_s"))) is not None:
-            then = self._cpu.get(uid)
-            if then is not None and now - then[0] > 0.2:
+        # CPU % between readings at least CPU_SPAN_S apart (closer ones keep
+        # the last figure: a short span would say 0 or 100).
+        before = self.workers.get(uid)
+        cpu = before["cpu"] if before is not None else None
+        cpu_s, then = _number(extra.get("cpu_s")), self._cpu.get(uid)
+        if cpu_s is not None and (then is None or now - then[0] > CPU_SPAN_S):
+            if then is not None:
                 cpu = max(0.0, 100 * (cpu_s - then[1]) / (now - then[0]))
-            if then is None or now - then[0] > 0.2:
-                self._cpu[uid] = (now, cpu_s)
-            elif (row := self.workers.get(uid)) is not None:
-                cpu = row.get("cpu")
+            self._cpu[uid] = (now, cpu_s)
         return {
             "pid": info.pid,
             "uid": uid[:8],

@@ -154,9 +154,8 @@ function drawStream() {
   const now = Date.now() + skewMs;
   const from = now - STREAM_WINDOW_MS;
   const visible = state.bars.filter((bar) => bar[2] >= from);
-  const liveLanes = Object.keys(state.lanes).filter((key) =>
-    visible.some((bar) => bar[0] === key));
-  const lanes = liveLanes.sort((a, b) => {
+  const seen = new Set(visible.map((bar) => bar[0]));
+  const lanes = Object.keys(state.lanes).filter((key) => seen.has(key)).sort((a, b) => {
     const x = state.lanes[a], y = state.lanes[b];
     return x.pid - y.pid || x.slot - y.slot;
   });
