@@ -23,6 +23,7 @@ _HOMES: dict[str, str] = {
     "AsyncClient": "pool.client.async_client",
     "Client": "pool.client.executor",
     "Pool": "pool.client.embedded",
+    "ObjectRef": "pool.client.store",
     "NoWorkerAvailable": "pool.errors",
     "PoolAlreadyRunning": "pool.errors",
     "PoolError": "pool.errors",
@@ -33,12 +34,14 @@ _HOMES: dict[str, str] = {
     "WorkerLost": "pool.errors",
     "ArgumentsTooLarge": "workers.protocol.errors",
     "BadTask": "workers.protocol.errors",
+    "DataGone": "workers.protocol.errors",
     "FunctionNotFound": "workers.protocol.errors",
     "InitializerFailed": "workers.protocol.errors",
     "NotCallable": "workers.protocol.errors",
     "RemoteError": "workers.protocol.errors",
     "RemoteTraceback": "workers.protocol.errors",
     "ResultTooLarge": "workers.protocol.errors",
+    "SharedMemoryFull": "workers.protocol.errors",
     "TaskIdReused": "workers.protocol.errors",
     "TaskTimeout": "workers.protocol.errors",
 }
@@ -48,6 +51,7 @@ if TYPE_CHECKING:
     from pool.client.async_client import AsyncClient
     from pool.client.embedded import Pool
     from pool.client.executor import Client
+    from pool.client.store import ObjectRef
     from pool.errors import (
         NoWorkerAvailable,
         PoolAlreadyRunning,
@@ -61,12 +65,14 @@ if TYPE_CHECKING:
     from workers.protocol.errors import (
         ArgumentsTooLarge,
         BadTask,
+        DataGone,
         FunctionNotFound,
         InitializerFailed,
         NotCallable,
         RemoteError,
         RemoteTraceback,
         ResultTooLarge,
+        SharedMemoryFull,
         TaskIdReused,
         TaskTimeout,
     )
@@ -90,10 +96,12 @@ __all__ = [
     "AsyncClient",
     "BadTask",
     "Client",
+    "DataGone",
     "FunctionNotFound",
     "InitializerFailed",
     "NoWorkerAvailable",
     "NotCallable",
+    "ObjectRef",
     "Pool",
     "PoolAlreadyRunning",
     "PoolError",
@@ -104,6 +112,7 @@ __all__ = [
     "RemoteError",
     "RemoteTraceback",
     "ResultTooLarge",
+    "SharedMemoryFull",
     "TaskIdReused",
     "TaskTimeout",
     "WorkerLost",

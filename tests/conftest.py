@@ -1,6 +1,7 @@
 """Shared fixtures: an isolated runtime directory, unique namespaces, and an
-autouse check that each test leaves no segment, no runtime file and no
-child process behind (cleaning up even when it fails)."""
+autouse check that each test leaves no segment (the registry's, or a data
+segment or lock of its payloads), no runtime file and no child process
+behind (cleaning up even when it fails)."""
 
 from __future__ import annotations
 
@@ -46,6 +47,9 @@ def make_namespace() -> Iterator[Callable[[], str]]:
         if segment.exists():
             problems.append(f"segment {segment} left behind")
             segment.unlink()
+        for data in sorted(paths.SHM_DIR.glob(f"{segment.name}.*")):
+            problems.append(f"data segment or lock {data} left behind")
+            data.unlink(missing_ok=True)
         directory = paths.namespace_dir(name, create=False)
         if directory.exists():
             problems.append(f"runtime files left: {sorted(os.listdir(directory))}")

@@ -35,19 +35,20 @@ _PAGE: Final = os.sysconf("SC_PAGE_SIZE")
 _SIZE: Final = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(i?)b?\s*$", re.IGNORECASE)
 
 
-def parse_size(value: int | str) -> int:
+def parse_size(value: int | str, name: str = "max_memory") -> int:
     """Bytes from ``2GB``, ``512MiB``, ``1.5G`` or a number of bytes.
 
-    :raises ValueError: naming the value and the forms it takes.
+    :raises ValueError: naming the setting (``name``), the value and the
+        forms it takes.
     """
     if isinstance(value, int) and not isinstance(value, bool):
         if value < 0:
-            raise ValueError(f"max_memory must be 0 or more bytes, got {value}")
+            raise ValueError(f"{name} must be 0 or more bytes, got {value}")
         return value
     match = _SIZE.match(str(value))
     if match is None:
         raise ValueError(
-            f"max_memory {value!r} is not a size: give bytes, or a number with "
+            f"{name} {value!r} is not a size: give bytes, or a number with "
             f"a unit, such as 2GB, 512MiB or 1.5G"
         )
     number, unit, binary = match.groups()

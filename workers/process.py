@@ -48,8 +48,10 @@ from workers.limits import (
     warn_if_under_baseline,
 )
 from workers.protocol import auth, worker_pb2_grpc
+from workers.protocol.segments import DataOwner
 from workers.service import WorkerService
-from workers.settings import WorkerSettings, parse
+from workers.settings import WorkerSettings
+from workers.spec import parse
 
 log = logging.getLogger("workers")
 
@@ -112,11 +114,14 @@ async def _serve(config: WorkerSettings, stopper: serving.Stopper) -> None:
     max_memory = parse_size(config.max_memory or 0)
     warn_if_under_baseline(max_memory)
     limits = Limits(config.max_tasks_per_child, max_memory)
+    # (Large values go into the clients' shared memory.)
+    writer = DataOwner(config.namespace, limit_bytes=config.shm_limit_bytes)
     service = WorkerService(
         config.concurrency,
         changed.set,
         max_args_bytes=config.max_args_bytes,
         limits=limits,
+        writer=writer,
     )
     server = aio.server(
         interceptors=[auth.CallInterceptor(token)], options=serving.GRPC_OPTIONS
@@ -156,6 +161,7 @@ async def _serve(config: WorkerSettings, stopper: serving.Stopper) -> None:
     finally:
         await server.stop(1.0)
         await service.aclose()
+        writer.close()
         if socket_path is not None:
             socket_path.unlink(missing_ok=True)
 

@@ -17,8 +17,10 @@ from typing import Any, Final
 from workers.offload import Offload
 from workers.protocol import codec
 from workers.protocol.errors import BadTask
+from workers.protocol.payload import Sink
+from workers.protocol.segments import DataOwner
 from workers.protocol.stream import Incoming
-from workers.protocol.worker_pb2 import Failure, Result, Task
+from workers.protocol.worker_pb2 import Data, Failure, Result, Task
 
 # A stream with this many tasks unanswered is not read until some finish: a
 # caller that ignores the advertised capacity meets gRPC flow control.
@@ -94,17 +96,20 @@ class News:
         return news
 
 
-def run_plain(entry: Entry, max_args_bytes: int) -> Result:
-    """Run a plain task in the calling thread; always an answer."""
+def run_plain(entry: Entry, max_args_bytes: int, writer: DataOwner | None) -> Result:
+    """Run a plain task in the calling thread; always an answer (a large
+    value written for its client by ``writer``)."""
     task, fn = entry.task, entry.fn
     try:
         assert fn is not None, "launched before its callable was found"
         try:
-            args, kwargs = codec.load_call(task.args, max_args_bytes)
+            args, kwargs = codec.load_call(codec.args_of(task), max_args_bytes)
         except BadTask as exc:
             return failed(task.id, codec.failure_of(exc, remote=False))
         try:
-            return Result(id=task.id, value=codec.dump_value(fn(*args, **kwargs)))
+            value = fn(*args, **kwargs)
+            del args, kwargs  # (their shared memory is unmapped before the answer)
+            return codec.value_result(task.id, value, Sink.of(writer, task.home))
         except BaseException as exc:  # a task's SystemExit must not end the worker
             return failed(task.id, codec.failure_of(exc))
     except BaseException as exc:  # failure_of never raises; this is a last guard
@@ -112,7 +117,11 @@ def run_plain(entry: Entry, max_args_bytes: int) -> Result:
 
 
 async def run_coroutine(
-    task: Task, fn: Callable[..., Any], offload: Offload, max_args_bytes: int
+    task: Task,
+    fn: Callable[..., Any],
+    offload: Offload,
+    max_args_bytes: int,
+    writer: DataOwner | None,
 ) -> Result:
     """Run a coroutine task on the loop (its large arguments unpickled in
     ``offload``): its result or failure.
@@ -121,12 +130,17 @@ async def run_coroutine(
         or a hang-up: answered there).
     """
     try:
-        if len(task.args) > OFFLOAD_ARGS_BYTES:
-            call = await offload.run(codec.load_call, task.args, max_args_bytes)
+        args = codec.args_of(task)
+        if len(task.args) > OFFLOAD_ARGS_BYTES or isinstance(args, Data):
+            call = await offload.run(codec.load_call, args, max_args_bytes)
         else:
-            call = codec.load_call(task.args, max_args_bytes)
+            call = codec.load_call(args, max_args_bytes)
         value = await fn(*call[0], **call[1])
-        return Result(id=task.id, value=codec.dump_value(value))
+        del call
+        sink = Sink.of(writer, task.home)
+        if sink is not None:  # (it may write a large value: off the loop)
+            return await offload.run(codec.value_result, task.id, value, sink)
+        return codec.value_result(task.id, value, None)
     except asyncio.CancelledError:
         raise
     except BadTask as exc:

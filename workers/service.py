@@ -54,6 +54,7 @@ from workers.limits import Limits
 from workers.offload import Offload
 from workers.protocol import codec, worker_pb2_grpc
 from workers.protocol.errors import BadTask, TaskTimeout
+from workers.protocol.segments import DataOwner
 from workers.protocol.worker_pb2 import Result, ResultBatch, Task, TaskBatch
 from workers.running import Entry, News, PaceMeter, Stream, failed, timed
 
@@ -75,6 +76,8 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
     :param max_args_bytes: the largest pickled arguments a task may carry.
     :param limits: when it retires (:mod:`workers.limits`): then
         :attr:`retiring` is set.
+    :param writer: this worker's name in the data plane: it writes large
+        values into its clients' shared memory (None: in the message).
     """
 
     def __init__(
@@ -84,6 +87,7 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
         *,
         max_args_bytes: int = codec.MAX_ARGS_BYTES,
         limits: Limits | None = None,
+        writer: DataOwner | None = None,
     ) -> None:
         if concurrency < 1:
             raise ValueError(f"concurrency must be at least 1, got {concurrency}")
@@ -91,6 +95,7 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
             raise ValueError(f"max_args_bytes must be 0 or more, got {max_args_bytes}")
         self.concurrency = concurrency
         self._max_args_bytes = max_args_bytes
+        self._writer = writer
         self.limits = limits or Limits()
         self.retiring = asyncio.Event()
         self._loop = asyncio.get_running_loop()
@@ -262,7 +267,9 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
 
     async def _run_coroutine(self, entry: Entry, fn: Callable[..., Any]) -> None:
         started, limit = time.perf_counter(), self._max_args_bytes
-        result = await tasks.run_coroutine(entry.task, fn, self._offload, limit)
+        result = await tasks.run_coroutine(
+            entry.task, fn, self._offload, limit, self._writer
+        )
         elapsed = time.perf_counter() - started
         self._answer(entry, timed(result, self.concurrency, elapsed))
 
@@ -283,7 +290,7 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
             if self.limits.why is not None:  # (its last start: after its news)
                 self._loop.call_soon_threadsafe(self.retire)
             started = time.perf_counter()
-            result = tasks.run_plain(entry, self._max_args_bytes)
+            result = tasks.run_plain(entry, self._max_args_bytes, self._writer)
             elapsed = time.perf_counter() - started
             with self._claim:
                 entry.running = False

@@ -1,231 +1,19 @@
-"""Settings of a pool process, declared once: each process has a frozen
-dataclass, each field from a :class:`Spec` (default, help, bounds,
-flag) shared by every process that takes the setting. From it come its
-validation (:func:`check`: a :class:`SettingError` names setting and
-value), its command line (:func:`add_arguments`, :func:`parse`: a bad
-value exits 2) and the slow way's (:func:`to_argv`, while the zygote is
-down). The worker's are :class:`WorkerSettings`.
+"""The settings of a worker (:class:`WorkerSettings`, ``python -m
+workers``), and those more than one pool process takes, each declared once
+as a :class:`~workers.spec.Spec` (:mod:`workers.spec` says how).
 """
 
 from __future__ import annotations
 
-import argparse
-import dataclasses
-import functools
 import os
-import types
-import typing
-from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Final, Literal, TypeVar
+from typing import Any, Final
 
 from discovery import backends, paths
 from workers.limits import parse_size
 from workers.protocol.codec import MAX_ARGS_BYTES, MAX_ARGS_LIMIT
 from workers.serving import LOOPBACK
-
-Form = Literal["value", "switch", "csv", "append", "optional"]
-T = TypeVar("T")
-
-
-class SettingError(ValueError):
-    """A setting's value cannot be used; the message names both."""
-
-
-@dataclass(frozen=True)
-class Spec:
-    """One setting: everything about it but its name, which its field gives.
-
-    ``form`` is how it reads on a command line: ``value`` (``--x V``),
-    ``switch`` (``--x``; with ``invert``, ``--no-x`` turns a True default
-    off), ``csv`` (``--x a,b``), ``append`` (``--x A --x B``), ``optional``
-    (``--x [V]``, ``const`` when bare). ``check`` raises ValueError for a
-    bad value. ``flag`` is None for a setting the command line does not take.
-    """
-
-    default: Any
-    help: str
-    low: float | None = None
-    high: float | None = None
-    flag: str | None = ""  # "": --<field-name>
-    short: str | None = None
-    metavar: str | None = None
-    form: Form = "value"
-    const: Any = None
-    check: Callable[[Any], object] | None = None
-    shown_default: str | None = None  # the default as --help says it
-
-    def field(self, **changes: Any) -> Any:
-        """A dataclass field of this setting (``changes``: of this spec)."""
-        spec = dataclasses.replace(self, **changes) if changes else self
-        return dataclasses.field(default=spec.default, metadata={"spec": spec})
-
-
-def _specs(cls: type) -> list[tuple[dataclasses.Field[Any], Spec]]:
-    return [
-        (f, f.metadata["spec"]) for f in dataclasses.fields(cls) if "spec" in f.metadata
-    ]
-
-
-def _flag(field: dataclasses.Field[Any], spec: Spec) -> str:
-    return spec.flag or "--" + field.name.replace("_", "-")
-
-
-def check(settings: object) -> None:
-    """Check every field against its spec's bounds and check.
-
-    :raises SettingError: for the first bad value.
-    """
-    for field, spec in _specs(type(settings)):
-        value = getattr(settings, field.name)
-        if value is None or isinstance(value, bool):
-            continue
-        low, high = _number(spec.low), _number(spec.high)
-        if spec.low is not None and value < spec.low:
-            bound = f"{low} to {high}" if spec.high is not None else f"at least {low}"
-            raise SettingError(f"{field.name} must be {bound}, got {value}")
-        if spec.high is not None and value > spec.high:
-            bound = f"{low} to {high}" if spec.low is not None else f"at most {high}"
-            raise SettingError(f"{field.name} must be {bound}, got {value}")
-        if spec.check is not None:
-            try:
-                spec.check(value)
-            except ValueError as exc:
-                raise SettingError(str(exc)) from None
-
-
-def _number(value: float | None) -> str:
-    return str(int(value)) if value is not None and value == int(value) else f"{value}"
-
-
-@functools.cache
-def _hints(cls: type) -> dict[str, Any]:
-    return typing.get_type_hints(cls)
-
-
-def _scalar(cls: type, name: str) -> type:
-    """The type a command line gives field ``name`` (int, float or str)."""
-    hint = _hints(cls)[name]
-    options = typing.get_args(hint) if isinstance(hint, types.UnionType) else (hint,)
-    for option in options:
-        if option in (int, float, str):
-            return typing.cast(type, option)
-    return str
-
-
-def add_arguments(parser: argparse.ArgumentParser, cls: type) -> None:
-    """Add the flags of ``cls``'s settings to ``parser``."""
-    for field, spec in _specs(cls):
-        if spec.flag is None:
-            continue
-        flags = [f for f in (spec.short, _flag(field, spec)) if f]
-        shown = _shown_default(spec)
-        text = f"{spec.help} (default: {shown})" if shown else spec.help
-        options: dict[str, Any] = {"dest": field.name, "help": text}
-        if spec.form == "switch":
-            options["action"] = "store_false" if spec.default else "store_true"
-        elif spec.form == "append":
-            options.update(action="append", default=[], metavar=spec.metavar)
-        else:
-            kind = _scalar(cls, field.name)
-            options.update(metavar=spec.metavar or _metavar(field.name, kind))
-            options["default"] = spec.default
-            if spec.form == "optional":
-                options.update(nargs="?", const=spec.const)
-            if spec.form != "csv":
-                options["type"] = kind
-        parser.add_argument(*flags, **options)
-
-
-def _shown_default(spec: Spec) -> str | None:
-    """The default as ``--help`` says it, if it says one."""
-    default = spec.default
-    if spec.shown_default is not None:
-        return spec.shown_default
-    if default is None or isinstance(default, bool) or default in ((), ""):
-        return None
-    return f"{default:g}" if isinstance(default, float) else str(default)
-
-
-def _metavar(name: str, kind: type) -> str:
-    if kind is int:
-        return "N"
-    if kind is float:
-        return "SECONDS" if name.endswith("_s") else "X"
-    return name.upper()
-
-
-def from_arguments(cls: type[T], args: argparse.Namespace, **given: Any) -> T:
-    """``cls`` from what :func:`add_arguments` parsed, and ``given``.
-
-    :raises SettingError: for a bad value.
-    """
-    values = dict(given)
-    for field, spec in _specs(cls):
-        if field.name in values or not hasattr(args, field.name):
-            continue
-        value = getattr(args, field.name)
-        if spec.form == "csv" and isinstance(value, str):
-            value = tuple(part.strip() for part in value.split(",") if part.strip())
-        elif spec.form == "append":
-            value = tuple(value)
-        values[field.name] = value
-    try:
-        return cls(**values)
-    except SettingError:
-        raise
-    except ValueError as exc:  # a check of the class's own, across fields
-        raise SettingError(str(exc)) from None
-
-
-def to_argv(settings: object) -> list[str]:
-    """The command line that gives ``settings`` (what differs from defaults)."""
-    argv: list[str] = []
-    for field, spec in _specs(type(settings)):
-        value = getattr(settings, field.name)
-        if spec.flag is None or value == spec.default:
-            continue
-        flag = _flag(field, spec)
-        if spec.form == "switch":
-            argv.append(flag)
-        elif spec.form == "csv":
-            argv += [flag, ",".join(value)]
-        elif spec.form == "append":
-            for item in value:
-                argv += [flag, str(item)]
-        elif value is not None:
-            argv += [flag, str(value)]
-    return argv
-
-
-def parse(
-    cls: type[T], argv: Sequence[str] | None, *, prog: str, description: str
-) -> T:
-    """``cls`` from a command line; a bad value exits 2 with one line."""
-    parser = argparse.ArgumentParser(prog=prog, description=description)
-    add_arguments(parser, cls)
-    args = parser.parse_args(argv)
-    try:
-        return from_arguments(cls, args)
-    except SettingError as exc:
-        parser.error(str(exc))
-
-
-def existing_file(flag: str) -> Callable[[str], None]:
-    """A check that a path names a file (``flag`` names it in the error)."""
-
-    def check_file(path: str) -> None:
-        if not os.path.isfile(path):  # (a missing bind mount is a directory)
-            why = " is a directory" if os.path.isdir(path) else ": no such file"
-            raise ValueError(f"{flag} {path!r}{why}")
-
-    return check_file
-
-
-def _port(value: int) -> None:
-    if not 0 <= value <= 65535:
-        raise ValueError(f"port must be 0 to 65535, got {value}")
-
+from workers.spec import SettingError, Spec, check, existing_file, port
 
 # -- what more than one process takes, declared once --------------------------
 
@@ -251,7 +39,7 @@ HOST: Final = Spec(
     const=LOOPBACK,
 )
 PORT: Final = Spec(
-    0, "with --host: the TCP port", check=_port, shown_default="a free one"
+    0, "with --host: the TCP port", check=port, shown_default="a free one"
 )
 ADVERTISE: Final = Spec(
     None,
@@ -288,7 +76,9 @@ GRACE_S: Final = Spec(
 )
 MAX_ARGS_BYTES_SPEC: Final = Spec(
     MAX_ARGS_BYTES,
-    "refuse a task whose pickled arguments are larger, with RESOURCE_EXHAUSTED",
+    "refuse a task whose arguments carried in its message are larger, with "
+    "RESOURCE_EXHAUSTED (large ones from clients of this machine go through "
+    "shared memory instead, and are not counted)",
     flag="--max-args-bytes",
     low=0,
     high=MAX_ARGS_LIMIT,
@@ -306,6 +96,14 @@ MAX_MEMORY: Final = Spec(
     "worker (an attempt of that task, as any death)",
     metavar="SIZE",
     check=parse_size,
+)
+SHM_LIMIT: Final = Spec(
+    None,
+    "the most that large arguments and results may hold in shared memory at "
+    "once, over all of the pool's clients and workers (2GB, 512MiB): past it a "
+    "task fails with SharedMemoryFull (default: what /dev/shm has)",
+    metavar="SIZE",
+    check=lambda value: parse_size(value, "shm_limit"),
 )
 INITIALIZER: Final = Spec(
     None,
@@ -366,6 +164,10 @@ class WorkerSettings:
     max_args_bytes: int = MAX_ARGS_BYTES_SPEC.field()
     max_tasks_per_child: int = MAX_TASKS_PER_CHILD.field()
     max_memory: str | int | None = MAX_MEMORY.field()
+    shm_limit: str | int | None = SHM_LIMIT.field(
+        help="the most this worker's large results may make the namespace's "
+        "shared memory hold (pool up passes its --shm-limit)"
+    )
     initializer: str | None = INITIALIZER.field()
     initargs: tuple[str, ...] = INITARGS.field()
     initializer_pickle: str | None = Spec(
@@ -393,6 +195,11 @@ class WorkerSettings:
         check(self)
         check_tcp(self)
         object.__setattr__(self, "paths", tuple(map(os.path.abspath, self.paths)))
+
+    @property
+    def shm_limit_bytes(self) -> int | None:
+        """:attr:`shm_limit` in bytes (None: no limit but /dev/shm's)."""
+        return parse_size(self.shm_limit, "shm_limit") if self.shm_limit else None
 
     @property
     def tls(self) -> tuple[str, str] | None:

@@ -12,7 +12,8 @@ from typing import TypeAlias
 from discovery import DiscoveryError, backends
 from pool.errors import PoolError, leaves
 from workers.protocol.errors import TaskError
-from workers.settings import NAMESPACE, existing_file
+from workers.settings import NAMESPACE
+from workers.spec import existing_file
 
 # What a command reports as one line, exit status 1 (anything else is a bug,
 # shown with its traceback).

@@ -40,7 +40,7 @@ from pool.supervisor.view import (
     line,
     shorten_left,
 )
-from workers.protocol import auth
+from workers.protocol import auth, segments
 
 WORKERS = """list the registered workers (read from shared memory), with
 what the dispatcher has sent each and has queued
@@ -62,12 +62,13 @@ LS = """list this user's pools, and what dead ones left
 
 List every pool in this user's runtime directory: its namespace, owner pid
 (or `dead` for leftovers of a pool that was killed), workers, shared-memory
-segment and runtime directory, so a segment seen in /dev/shm can be traced
-to its pool. Segments of this user that no pool here names are listed too
-(another runtime directory's, or a leak).
+segment, runtime directory, and the bytes its large arguments and results
+hold in /dev/shm now (`data`: segments named after its own), so a segment
+seen in /dev/shm can be traced to its pool. Segments of this user that no
+pool here names are listed too (another runtime directory's, or a leak).
 """
-CLEAN = """remove what dead pools left (segments and files); live pools are
-never touched"""
+CLEAN = """remove what dead pools left (segments and files), and the data
+segments of dead clients and workers; live ones are never touched"""
 
 
 def add(commands: Commands) -> None:
@@ -176,6 +177,8 @@ def run_ls(args: argparse.Namespace) -> int:
     if args.clean:
         for namespace in sweep_dead():
             print(f"removed what the dead pool {namespace!r} left")
+        if reaped := segments.reap():
+            print(f"removed {len(reaped)} data segments and locks of dead processes")
         sweep_temp_dirs()
     rows = []
     for entry in namespaces():
@@ -190,10 +193,12 @@ def run_ls(args: argparse.Namespace) -> int:
                 "workers": workers,
                 "segment": entry.segment if entry.segment_exists else "-",
                 "runtime": entry.directory,
+                "data": segments.used_bytes(entry.segment.name),
             }
         )
+    # (A namespace's data segments and locks are named after its segment.)
     named = {e.segment.name for e in namespaces()}
-    strays = [p for p in _own_segments() if p.name not in named]
+    strays = [p for p in _own_segments() if p.name.partition(".")[0] not in named]
     if sys.stdout.isatty():
         _print_table(rows, strays)
         return 0
@@ -223,7 +228,7 @@ def _print_table(rows: list[dict[str, Any]], strays: list[Path]) -> None:
     from rich.table import Table
 
     table = Table(title=f"{_count(len(rows), 'pool')} in {paths.runtime_dir()}")
-    for column in ("namespace", "owner", "workers", "segment", "runtime"):
+    for column in ("namespace", "owner", "workers", "segment", "runtime", "data"):
         table.add_column(column, overflow="fold")
     for row in rows:
         table.add_row(*(str(value) for value in row.values()))

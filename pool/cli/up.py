@@ -29,7 +29,7 @@ from pool.supervisor.settings import PoolSettings
 from pool.supervisor.view import LiveView, PlainView, View
 from workers.protocol import auth
 from workers.serving import CannotListen, check_host
-from workers.settings import SettingError, add_arguments, from_arguments
+from workers.spec import SettingError, add_arguments, from_arguments
 
 TICK_S = 1.0  # how often `up` asks the dispatcher for its queue length
 

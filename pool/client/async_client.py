@@ -19,9 +19,11 @@ from pool.client.core import (
     Args,
     ClientOptions,
     MapPlan,
+    dropped,
     open_options,
     outcome,
 )
+from pool.client.store import NO_STORE, Hold, ObjectRef, Store
 from workers.protocol import codec, shipping
 from workers.protocol.worker_pb2 import Result
 
@@ -75,17 +77,32 @@ class AsyncClient:
 
     def _send(
         self, ref: shipping.Reference, args: Args, kwargs: Any, *, chunk: bool = False
-    ) -> tuple[int, asyncio.Future[Result]]:
-        if self._connection is None:
-            raise RuntimeError("use `async with AsyncClient(...)` before submitting")
-        submission, code = self._submissions.make(ref, args, kwargs, chunk=chunk)
-        answer: asyncio.Future[Result] = asyncio.get_running_loop().create_future()
-        self._connection.submit(submission, _AsyncHandler(answer), code)
+    ) -> tuple[int, asyncio.Future[Any]]:
+        connection = self._opened()
+        store = connection.store
+        submission, code, hold = self._submissions.make(
+            ref, args, kwargs, chunk=chunk, store=store
+        )
+        answer: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        connection.submit(submission, _AsyncHandler(answer, store, hold), code)
         return submission.task.id, answer
 
-    async def _outcome(self, task_id: int, answer: asyncio.Future[Result]) -> Any:
+    def _opened(self) -> Connection:
+        if self._connection is None:
+            raise RuntimeError("use `async with AsyncClient(...)` before submitting")
+        return self._connection
+
+    def put(self, value: Any) -> ObjectRef:
+        """:meth:`Client.put`, for asyncio code (it writes the value before
+        it returns)."""
+        connection = self._opened()
+        if connection.store is None:
+            raise RuntimeError(NO_STORE.format(namespace=self.namespace))
+        return connection.store.put(value)
+
+    async def _outcome(self, task_id: int, answer: asyncio.Future[Any]) -> Any:
         try:
-            return outcome(await answer)
+            return await answer
         except asyncio.CancelledError:
             if self._connection is not None:
                 self._connection.cancel(task_id)
@@ -134,9 +151,10 @@ class AsyncClient:
             for task_id, answer in sent:
                 if not answer.done() and self._connection is not None:
                     self._connection.cancel(task_id)
+                answer.cancel()  # (its answer, when it comes, is dropped)
 
 
-async def _time_per_call_async(answers: list[asyncio.Future[Result]]) -> float | None:
+async def _time_per_call_async(answers: list[asyncio.Future[Any]]) -> float | None:
     """:func:`pool.client.executor._time_per_call` for :class:`AsyncClient`."""
     if not answers:
         return None
@@ -146,22 +164,32 @@ async def _time_per_call_async(answers: list[asyncio.Future[Result]]) -> float |
     )
     for answer in done:
         with contextlib.suppress(Exception):
-            chunk: codec.ChunkResult = outcome(answer.result())
+            chunk: codec.ChunkResult = answer.result()
             return chunk.elapsed_s / max(1, len(chunk.values))
     return None
 
 
 class _AsyncHandler:
-    """Resolves an asyncio future with a task's result (on its loop)."""
+    """Resolves an asyncio future with a task's value or exception (on its
+    loop), as the result arrives: a value in shared memory is mapped then."""
 
-    __slots__ = ("_answer",)
+    __slots__ = ("_answer", "_hold", "_store")
 
-    def __init__(self, answer: asyncio.Future[Result]) -> None:
-        self._answer = answer
+    def __init__(
+        self, answer: asyncio.Future[Any], store: Store | None, hold: Hold
+    ) -> None:
+        self._answer, self._store, self._hold = answer, store, hold
 
     def started(self) -> None:
         pass
 
     def resolve(self, result: Result) -> None:
-        if not self._answer.done():
-            self._answer.set_result(result)
+        if self._store is not None:
+            self._store.release(self._hold)
+        if self._answer.done():
+            dropped(result, self._store)
+            return
+        try:
+            self._answer.set_result(outcome(result, self._store))
+        except BaseException as exc:  # the task's error, whatever it is
+            self._answer.set_exception(exc)

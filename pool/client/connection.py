@@ -31,10 +31,12 @@ from grpc import aio
 from discovery import WorkerInfo
 from pool import dispatcher_pb2_grpc
 from pool.client.rendezvous import WRONG_TOKEN, Locator, Target
+from pool.client.store import SWEEP_S, Store
 from pool.dispatcher_pb2 import ListWorkersRequest, Submission, SubmissionBatch
 from pool.errors import PoolError, PoolNotRunning, PoolRefused, ProtocolMismatch
 from workers.offload import Offload
-from workers.protocol import auth, codec
+from workers.protocol import auth, codec, segments
+from workers.protocol.segments import DataOwner
 from workers.protocol.stream import Outgoing
 from workers.protocol.worker_pb2 import Result, ResultBatch, Task
 from workers.serving import GRPC_OPTIONS
@@ -58,9 +60,12 @@ class Ledger:
     """The tasks a connection has sent and not heard the end of, and the
     sending half of its stream (:class:`~workers.protocol.stream.Outgoing`)."""
 
-    def __init__(self, wake: asyncio.Event | None = None) -> None:
+    def __init__(
+        self, wake: asyncio.Event | None = None, store: Store | None = None
+    ) -> None:
         # By id: the submission, who hears of it, its function's pickle.
         self._pending: dict[int, tuple[Submission, Handler, bytes]] = {}
+        self._store = store
         self._cancelled: set[int] = set()  # asked for, not yet answered
         self.outgoing: Outgoing[Submission] = Outgoing(_task_of, wake)
 
@@ -71,9 +76,8 @@ class Ledger:
     def __len__(self) -> int:
         return len(self._pending)
 
-    @property
-    def has_outgoing(self) -> bool:
-        return bool(self.outgoing)
+    def __contains__(self, task_id: object) -> bool:
+        return task_id in self._pending
 
     def add(self, submission: Submission, handler: Handler, code: bytes = b"") -> None:
         """Send a task; ``code`` is its function's pickle if it ships one."""
@@ -103,6 +107,8 @@ class Ledger:
             if (entry := self._pending.pop(result.id, None)) is not None:
                 self._cancelled.discard(result.id)
                 entry[1].resolve(result)
+            elif self._store is not None and result.HasField("data"):
+                self._store.discard(result.data)  # (nobody will read it)
 
     def resend_all(self) -> None:
         """After a lost stream: every unanswered task goes out again, but
@@ -150,6 +156,8 @@ class Connection:
         self.namespace = locator.namespace
         self._reconnect_s = reconnect_s
         self._wake = asyncio.Event()  # work to connect for, or to write
+        # Large data through shared memory: with a pool of this machine's.
+        self.store: Store | None = None
         self.ledger = Ledger(self._wake)
         self._closing = False
         self._abandon = False
@@ -165,7 +173,11 @@ class Connection:
             now, clearly, if there is no pool at all).
         """
         connection = cls(locator)
-        await locator.locate(connection._offload)
+        target = await locator.locate(connection._offload)
+        if target.data is not None and target.data.host == segments.host_id():
+            owner = DataOwner(locator.namespace, limit_bytes=target.data.limit_bytes)
+            connection.store = Store(owner)
+            connection.ledger = Ledger(connection._wake, connection.store)
         return connection
 
     def submit(
@@ -200,11 +212,25 @@ class Connection:
                 self._call.cancel()  # hang up: the dispatcher cancels our tasks
 
     async def run(self) -> None:
-        """Keep a stream open while there is work; reconnect when it breaks."""
+        """Keep a stream open while there is work; reconnect when it breaks.
+        Then unlink whatever this client holds in shared memory."""
         try:
-            await self._run()
+            async with asyncio.TaskGroup() as group:
+                sweeping = group.create_task(self._sweep()) if self.store else None
+                await self._run()
+                if sweeping is not None:
+                    sweeping.cancel()
         finally:
+            if self.store is not None:
+                self.store.close()
             await self._offload.aclose()
+
+    async def _sweep(self) -> None:
+        """Unlink, every second, results for us that nobody will read."""
+        assert self.store is not None
+        while True:
+            await asyncio.sleep(SWEEP_S)
+            self.store.sweep(self.ledger)
 
     async def _run(self) -> None:
         lost_at: float | None = None

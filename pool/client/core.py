@@ -16,8 +16,9 @@ from typing import Any, Final, TypedDict
 
 from discovery import backends, paths
 from pool.client.rendezvous import Locator
+from pool.client.store import Hold, Store
 from pool.dispatcher_pb2 import Submission
-from workers.protocol import codec, shipping
+from workers.protocol import codec, payload, shipping
 from workers.protocol.worker_pb2 import Result
 
 # map's adaptive chunks (see Client.map): the first calls go one per task,
@@ -40,11 +41,22 @@ MAX_CHUNK_BYTES: Final = 1 << 20
 MIN_TIMED_CALLS: Final = 16
 
 
-def outcome(result: Result) -> Any:
-    """The value a result carries, or raise the exception it carries."""
+def outcome(result: Result, store: Store | None = None) -> Any:
+    """The value a result carries (mapped from shared memory, through
+    ``store``, if it lies there), or raise the exception it carries."""
     if result.HasField("failure"):
         raise codec.exception_of(result.failure)
+    if result.HasField("data"):
+        if store is None:
+            raise RuntimeError("a value in shared memory, for a client without")
+        return store.adopt(result.data)
     return pickle.loads(result.value)
+
+
+def dropped(result: Result, store: Store | None) -> None:
+    """A result nobody will read: what it holds in shared memory goes."""
+    if store is not None and result.HasField("data"):
+        store.discard(result.data)
 
 
 Args = tuple[Any, ...]  # a call's positional arguments
@@ -95,18 +107,37 @@ class Submissions:
         return shipping.reference(fn, self._ship_modules)
 
     def make(
-        self, ref: shipping.Reference, args: Args, kwargs: Any, *, chunk: bool = False
-    ) -> tuple[Submission, bytes]:
-        """A submission calling ``ref``, and the code to ship with it.
+        self,
+        ref: shipping.Reference,
+        args: Args,
+        kwargs: Any,
+        *,
+        chunk: bool = False,
+        store: Store | None = None,
+    ) -> tuple[Submission, bytes, Hold]:
+        """A submission calling ``ref``, the code to ship with it, and what
+        its arguments hold in shared memory (through ``store``, when the
+        pool shares this machine's) until it is answered.
 
         :raises ArgumentsTooLarge: if the task would not fit a message.
+        :raises SharedMemoryFull: if its arguments do not fit shared memory.
         :raises Exception: whatever pickling the arguments raises.
         """
-        args_bytes = codec.dump_call(args, dict(kwargs), by_value=ref.by_value)
-        codec.check_call_size(args_bytes, ref.code)
         submission = Submission(tags=self._tags)
         task = submission.task  # (filled in place: no Task made and copied)
-        task.id, task.args = next(self._ids), args_bytes
+        task.id = next(self._ids)
+        hold: Hold = ()
+        if store is None:
+            task.args = codec.dump_call(args, dict(kwargs), by_value=ref.by_value)
+            codec.check_call_size(task.args, ref.code)
+        else:
+            packed, hold = store.pack((args, dict(kwargs)), by_value=ref.by_value)
+            if isinstance(packed, bytes):
+                task.args = packed
+            else:
+                task.data.CopyFrom(packed)
+            home = task.home
+            home.host, home.owner, home.tag = store.host, store.owner.id, task.id
         if ref.name:
             task.function = ref.name
         if ref.digest:
@@ -115,7 +146,7 @@ class Submissions:
             task.timeout_s = self.timeout_s
         if chunk:
             task.chunk = True
-        return submission, ref.code
+        return submission, ref.code, hold
 
 
 class ClientOptions(TypedDict, total=False):
@@ -180,10 +211,14 @@ Columns = list[list[Any]]  # a map's arguments, one list per iterable
 
 def _call_bytes(columns: Columns) -> int:
     """The pickled size of the last call's arguments, as a sample (0 if they
-    do not pickle: the chunk that holds them will fail as they would)."""
+    do not pickle: the chunk that holds them will fail as they would). Its
+    large buffers are counted, not copied."""
     try:
         last = tuple(column[-1] for column in columns)
-        return len(pickle.dumps(last, pickle.HIGHEST_PROTOCOL)) if last else 0
+        if not last:
+            return 0
+        pickled, buffers = payload.dumps(last)
+        return len(pickled) + sum(b.raw().nbytes for b in buffers.taken)
     except Exception:
         return 0
 

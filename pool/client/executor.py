@@ -21,6 +21,7 @@ see them twice.
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import functools
 import threading
 import time
@@ -37,6 +38,7 @@ from pool.client.core import (
     open_options,
 )
 from pool.client.loop import LoopThread, interpreter_exiting
+from pool.client.store import NO_STORE, ObjectRef
 from workers.protocol import codec, shipping
 
 __all__ = ["Client"]
@@ -141,13 +143,13 @@ class Client(concurrent.futures.Executor):
                 try:
                     if isinstance(ref, Exception):
                         raise ref
-                    submission, code = self._submissions.make(
-                        ref, args, kwargs, chunk=chunk
+                    submission, code, hold = self._submissions.make(
+                        ref, args, kwargs, chunk=chunk, store=self._runner.store
                     )
                 except Exception as exc:
                     future.set_exception(exc)
                     return future
-                self._runner.submit(submission, code, future)
+                self._runner.submit(submission, code, future, hold)
                 submitted = True
                 return future
         finally:
@@ -184,15 +186,34 @@ class Client(concurrent.futures.Executor):
             failed.set_exception(exc)
             return _in_order([failed], deadline)
         chunk = plan.chunked
-        first = plan.first(self._submissions.per_call_s(ref))
-        futures = [self._send(ref, args, {}, chunk=chunk) for args in first]
-        if plan.adaptive:
-            rest = plan.rest(_time_per_call(futures))
-            futures += [self._send(ref, args, {}, chunk=True) for args in rest]
+        store = self._runner.store
+        with store.one_call() if store else contextlib.nullcontext():
+            first = plan.first(self._submissions.per_call_s(ref))
+            futures = [self._send(ref, args, {}, chunk=chunk) for args in first]
+            if plan.adaptive:
+                rest = plan.rest(_time_per_call(futures))
+                futures += [self._send(ref, args, {}, chunk=True) for args in rest]
         results = _in_order(futures, deadline)
         if not chunk:
             return results
         return _flatten(results, functools.partial(self._submissions.timed, ref))
+
+    def put(self, value: Any) -> ObjectRef:
+        """Store ``value`` once in the pool's shared memory, as ``ray.put``
+        or Dask's ``scatter`` do: pass the reference to any number of tasks
+        (as an argument, or inside one at any depth), and each receives the
+        object, mapped, not copied. It lives until :meth:`ObjectRef.release`,
+        until nothing references it (tasks that name it hold it until they
+        end), or until this client closes.
+
+        :raises RuntimeError: if the pool does not share this machine's
+            memory (a pool of other machines: pass the value itself).
+        :raises SharedMemoryFull: if it does not fit.
+        """
+        store = self._runner.store
+        if store is None:
+            raise RuntimeError(NO_STORE.format(namespace=self.namespace))
+        return store.put(value)
 
     def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
         """Accept no more tasks; with ``cancel_futures``, cancel those no

@@ -24,8 +24,9 @@ import uvloop
 from grpc import aio
 
 from pool.client.connection import Connection
-from pool.client.core import outcome
+from pool.client.core import dropped, outcome
 from pool.client.rendezvous import Locator
+from pool.client.store import Hold, Store
 from pool.dispatcher_pb2 import Submission
 from pool.errors import PoolError, PoolNotRunning
 from workers.protocol.worker_pb2 import Result
@@ -67,14 +68,22 @@ class FutureHandler:
     A cancelled future is told to its waiters once (see
     ``Future.set_running_or_notify_cancel``)."""
 
-    __slots__ = ("_future", "_notified")
+    __slots__ = ("_future", "_hold", "_notified", "_store")
 
-    def __init__(self, future: concurrent.futures.Future[Any]) -> None:
-        self._future = future
+    def __init__(
+        self,
+        future: concurrent.futures.Future[Any],
+        store: Store | None = None,
+        hold: Hold = (),
+    ) -> None:
+        # (Let go of once it is settled: the future's done callback holds
+        # this handler, and a cycle would keep a large value until a GC.)
+        self._future: concurrent.futures.Future[Any] | None = future
         self._notified = False  # set_running_or_notify_cancel was called
+        self._store, self._hold = store, hold  # its arguments' shared memory
 
     def started(self) -> None:
-        if not self._notified:
+        if not self._notified and self._future is not None:
             self._notified = True
             self._future.set_running_or_notify_cancel()
 
@@ -82,16 +91,32 @@ class FutureHandler:
         """The future was cancelled: wake those who wait on it."""
         self.started()  # returns False and notifies, the future being cancelled
 
+    def fail(self, exc: BaseException) -> None:
+        """The task was never sent: its future fails with ``exc``."""
+        if (future := self._settling()) is not None:
+            settle(future.set_exception, exc)
+
     def resolve(self, result: Result) -> None:
-        future = self._future
-        if future.cancelled():
+        if (future := self._settling()) is None:
+            dropped(result, self._store)  # (cancelled: nobody reads it)
             return
         try:
-            value = outcome(result)
+            value = outcome(result, self._store)
         except BaseException as exc:  # the task's error, whatever it is
             settle(future.set_exception, exc)
         else:
             settle(future.set_result, value)
+
+    def _settling(self) -> concurrent.futures.Future[Any] | None:
+        """Release what the task's arguments held; the future to settle,
+        unless it was cancelled (let go of, once settled)."""
+        if self._store is not None:
+            self._store.release(self._hold)
+        future = self._future
+        if future is None or future.cancelled():
+            return None
+        self._future = None
+        return future
 
 
 def settle(setter: Callable[[Any], None], value: Any) -> None:
@@ -193,20 +218,27 @@ class LoopThread:
     def _on_loop(self) -> bool:
         return threading.current_thread() is self._thread
 
+    @property
+    def store(self) -> Store | None:
+        """Where the client's large data goes (None: in the messages)."""
+        return self._connection.store if self._connection is not None else None
+
     def submit(
         self,
         submission: Submission,
         code: bytes,
         future: concurrent.futures.Future[Any],
+        hold: Hold = (),
     ) -> None:
-        """Send a task whose room :meth:`reserve` took (any thread)."""
-        handler = FutureHandler(future)
+        """Send a task whose room :meth:`reserve` took (any thread);
+        ``hold`` is what its arguments hold in the store, until answered."""
+        handler = FutureHandler(future, self.store, hold)
         with self._lock:
             if self._max_pending is not None:
                 self._reserved -= 1
             if self._crashed is not None:
                 self._room.notify()
-                future.set_exception(self._crashed)
+                handler.fail(self._crashed)
                 return
             self.outstanding.add(future)
             self._inbox.append((submission, code, handler))

@@ -34,6 +34,7 @@ from workers.offload import Offload
 from workers.protocol import auth
 
 ADDRESS_FILE: Final = "address"
+DATA_FILE: Final = "data-plane"
 LEASE_S: Final = 3.0
 RENEW_S: Final = 1.0
 _GIVE: Final = (
@@ -59,6 +60,32 @@ def locate(namespace: str) -> tuple[str, str]:
     if owner_pid(namespace) is None:  # files a dead pool left
         raise PoolNotRunning(namespace, "its last pool died")
     return address, token
+
+
+@dataclass(frozen=True)
+class DataPlane:
+    """How clients hand a pool large data: through shared memory, from the
+    machine ``host`` names (:func:`workers.protocol.segments.host_id`), at
+    most ``limit_bytes`` at once (``--shm-limit``; None: what /dev/shm has).
+    A pool on shared-memory discovery says it in the ``data-plane`` file
+    beside its address; one on Redis (workers anywhere) does not."""
+
+    host: str
+    limit_bytes: int | None = None
+
+    def encode(self) -> str:
+        return json.dumps({"host": self.host, "limit_bytes": self.limit_bytes})
+
+    @classmethod
+    def read(cls, namespace: str) -> DataPlane | None:
+        """This machine's pool's, if it says one (None if unreadable)."""
+        path = paths.namespace_dir(namespace, create=False) / DATA_FILE
+        try:
+            fields = json.loads(path.read_text())
+            limit = fields.get("limit_bytes")
+            return cls(str(fields["host"]), limit if isinstance(limit, int) else None)
+        except (OSError, ValueError, KeyError, TypeError, AttributeError):
+            return None
 
 
 # redis is imported when it is used: the shared-memory path never pays for it.
@@ -102,6 +129,11 @@ class Target:
     address: str
     token: str
     tls: bool = False
+    data: DataPlane | None = None  # (only this machine's pool's)
+
+
+def _here(namespace: str) -> Target:
+    return Target(*locate(namespace), data=DataPlane.read(namespace))
 
 
 async def announce(
@@ -151,7 +183,7 @@ class Locator:
         """
         if self.discovery_url is None:
             run = offload.run if offload is not None else asyncio.to_thread
-            return Target(*await run(locate, self.namespace))
+            return await run(_here, self.namespace)
         import redis.asyncio as aioredis
 
         client = aioredis.Redis.from_url(self.discovery_url, socket_connect_timeout=1.0)
@@ -166,7 +198,7 @@ class Locator:
     def locate_now(self) -> Target:
         """:meth:`locate` for code without an event loop."""
         if self.discovery_url is None:
-            return Target(*locate(self.namespace))
+            return _here(self.namespace)
         return asyncio.run(self.locate())
 
     def credentials(self) -> grpc.ChannelCredentials:

@@ -53,7 +53,7 @@ from workers import serving
 from workers.protocol import auth
 from workers.protocol.worker_pb2 import Failure
 from workers.serving import TLS_KEY
-from workers.settings import parse
+from workers.spec import parse
 
 log = logging.getLogger("pool.dispatcher.server")
 

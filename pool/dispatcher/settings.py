@@ -19,11 +19,9 @@ from workers.settings import (
     READY_FD,
     TLS_CERT,
     TLS_KEY,
-    Spec,
-    check,
     check_tcp,
-    existing_file,
 )
+from workers.spec import Spec, check, existing_file
 
 NO_WORKER_TIMEOUT_SPEC: Final = Spec(
     NO_WORKER_TIMEOUT_S,

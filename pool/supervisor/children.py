@@ -31,7 +31,7 @@ from pool.errors import PoolError
 from workers.initializer import INIT_FAILED_PREFIX
 from workers.protocol.worker_pb2 import Failure
 from workers.serving import READY_PREFIX
-from workers.settings import to_argv
+from workers.spec import to_argv
 
 START_TIMEOUT_S: Final = 30.0
 BACKOFF_S: Final = (0.1, 10.0)  # first delay, cap

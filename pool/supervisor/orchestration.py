@@ -44,6 +44,7 @@ from discovery import LocalDiscovery, NamespaceInUse, paths, sweep_dead
 from pool.client import rendezvous
 from pool.client.rendezvous import ADDRESS_FILE
 from pool.errors import PoolAlreadyRunning
+from pool.supervisor import dataplane
 from pool.supervisor.children import (
     Child,
     ChildFailed,
@@ -175,7 +176,10 @@ class Supervisor:
         and a pidfd of this process, whose end ends them."""
         await self._offload.run(sweep_dead)
         await self._offload.run(sweep_temp_dirs)
+        await dataplane.reap(self._offload)  # (every namespace's)
         namespace, token_file = self.settings.namespace, self.settings.token_file
+        if not self.settings.discovery_url:  # (else workers may be anywhere)
+            await self._offload.run(dataplane.announce, self.settings)
         given = None
         if token_file or os.environ.get(auth.TOKEN_ENV):
             given = auth.token_for(namespace, token_file)
@@ -196,6 +200,7 @@ class Supervisor:
         async with asyncio.TaskGroup() as group:
             self._group = group
             self._spawn(self._registrations.follow())
+            self._spawn(dataplane.reap_every(self._offload, self.settings.namespace))
             restarting = announcing = None
             if self._zygote is not None:
                 restarting = self._spawn(self._zygote.watch())
@@ -223,6 +228,7 @@ class Supervisor:
                         task.cancel()
                 self.view.note("stopping", namespace=self.settings.namespace)
                 await self._stop_all(kill_now)
+                await dataplane.reap(self._offload, self.settings.namespace)
                 if self._relays:  # the children's last lines (not for long)
                     await asyncio.wait(self._relays, timeout=OUTPUT_DRAIN_S)
                 for task in self._background:

@@ -40,16 +40,15 @@ from workers.settings import (
     PATHS,
     PORT,
     RELOAD,
+    SHM_LIMIT,
     TAGS,
     TLS_CERT,
     TLS_KEY,
     TOKEN_FILE,
-    SettingError,
-    Spec,
     WorkerSettings,
-    check,
     check_tcp,
 )
+from workers.spec import SettingError, Spec, check
 
 
 def _dashboard_address(value: str) -> None:
@@ -117,12 +116,10 @@ class PoolSettings:
         "machine's use its unix socket), and its workers'"
     )
     tls_key: str | None = TLS_KEY.field()
-    max_args_bytes: int = MAX_ARGS_BYTES_SPEC.field(
-        help="largest pickled arguments a task may carry; a larger one fails "
-        "with RESOURCE_EXHAUSTED"
-    )
+    max_args_bytes: int = MAX_ARGS_BYTES_SPEC.field()
     max_tasks_per_child: int = MAX_TASKS_PER_CHILD.field()
     max_memory: str | int | None = MAX_MEMORY.field()
+    shm_limit: str | int | None = SHM_LIMIT.field()
     initializer: str | Callable[..., Any] | None = INITIALIZER.field()  # noqa: RUF009
     initargs: tuple[Any, ...] = INITARGS.field()
     restart: bool = Spec(
@@ -194,6 +191,7 @@ class PoolSettings:
             max_args_bytes=self.max_args_bytes,
             max_tasks_per_child=self.max_tasks_per_child,
             max_memory=self.max_memory,
+            shm_limit=self.shm_limit,
             paths=self.paths,
             reload=self.reload,
             discovery_url=self.discovery_url,

@@ -86,7 +86,8 @@ def test_pool_ls_traces_a_segment_to_its_pool_and_cleans_dead_ones(
         mine = [line for line in listed.stdout.splitlines() if segment.name in line]
         assert mine == [
             f"pool namespace={namespace} owner={pool.proc.pid} workers=2 "
-            f"segment={segment} runtime={paths.namespace_dir(namespace, create=False)}"
+            f"segment={segment} runtime={paths.namespace_dir(namespace, create=False)} "
+            f"data=0"
         ]
         pool.proc.send_signal(signal.SIGKILL)
         pool.proc.wait(DEADLINE_S)

@@ -32,7 +32,7 @@ class Sent:
 
     def submit(self) -> tuple[int, Future[object]]:
         ref = self.submissions.reference(sample_tasks.square)
-        submission, _ = self.submissions.make(ref, (3,), {})
+        submission, _, _ = self.submissions.make(ref, (3,), {})
         future: Future[object] = Future()
         handler = FutureHandler(future)
         self.handlers[submission.task.id] = handler

@@ -12,7 +12,8 @@ import pytest
 
 from pool.dispatcher.settings import DispatcherSettings
 from pool.supervisor.settings import PoolSettings
-from workers.settings import SettingError, WorkerSettings, parse, to_argv
+from workers.settings import WorkerSettings
+from workers.spec import SettingError, parse, to_argv
 
 
 @pytest.mark.parametrize(

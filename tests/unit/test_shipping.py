@@ -147,7 +147,7 @@ def test_a_client_stream_carries_a_function_once() -> None:
         ]
 
     for i in range(50):
-        submission, code = submissions.make(ref, (i,), {})
+        submission, code, _ = submissions.make(ref, (i,), {})
         ledger.add(submission, _Ignore(), code)
     sent = carried()
     assert len(sent) == 50 and sent[0] == ref.code and not any(sent[1:])

@@ -56,9 +56,11 @@ def test_a_huge_exception_fails_within_a_message() -> None:
     assert isinstance(exc, RemoteError) and "ValueError" in str(exc)
 
 
-def test_a_result_over_a_message_is_result_too_large() -> None:
+def test_a_result_over_a_message_is_result_too_large_without_shared_memory() -> None:
+    """For a client of another machine (no sink), a result over a message
+    is refused."""
     with pytest.raises(ResultTooLarge, match="by reference"):
-        codec.dump_value(b"x" * (codec.MAX_ARGS_LIMIT + 1))
+        codec.value_result(1, b"x" * (codec.MAX_ARGS_LIMIT + 1), None)
 
 
 def test_arguments_over_a_message_are_refused_before_sending() -> None:

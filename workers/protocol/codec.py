@@ -1,13 +1,15 @@
 """What a task is on the wire, and how its outcome travels back.
 
 A task names an importable callable as ``"module:qualname"`` and carries
-``pickle((args, kwargs))``. Its result is a pickled value or a
+``pickle((args, kwargs))``, in the message or, when large, in shared memory
+(:mod:`workers.protocol.payload`). Its result is a pickled value (the same
+two ways) or a
 :class:`~workers.protocol.worker_pb2.Failure` holding the exception pickled (when it
 pickles), its type name, its message and the remote traceback as text.
 :func:`exception_of` rebuilds the exception in the caller with that text
 attached as its ``__cause__``, like ``concurrent.futures.process`` does.
 Every Failure names its condition with a gRPC status code (see
-``proto/workers/worker.proto``); a task that cannot be run as sent raises a
+``proto/workers/protocol/worker.proto``); a task that cannot be run as sent raises a
 :class:`BadTask` whose subclass and ``status`` say why.
 
 Unpickling is code execution: only authenticated peers' bytes reach
@@ -28,16 +30,17 @@ from typing import Any, Final, NamedTuple
 
 import grpc
 
-from workers.protocol import shipping
+from workers.protocol import payload, shipping
 from workers.protocol.errors import (
     ArgumentsTooLarge,
     BadTask,
+    DataGone,
     RemoteError,
     RemoteTraceback,
     ResultTooLarge,
     TaskIdReused,
 )
-from workers.protocol.worker_pb2 import Failure, Result, Task
+from workers.protocol.worker_pb2 import Data, Failure, Result, Task
 
 MAX_MESSAGE_BYTES: Final = 128 * 1024 * 1024  # gRPC's limit, each way
 # One task's arguments, or one result, must fit a message with room for the
@@ -76,21 +79,31 @@ def check_timeout(task: Task) -> None:
         )
 
 
-def load_call(
-    data: bytes, max_bytes: int = MAX_ARGS_BYTES
-) -> tuple[tuple[Any, ...], dict[str, Any]]:
-    """Arguments from wire bytes (an authenticated peer's only).
+def args_of(task: Task) -> bytes | Data:
+    """A task's arguments: in the message, or where they lie in shared memory."""
+    return task.data if task.HasField("data") else task.args
 
-    :raises ArgumentsTooLarge: if they are over ``max_bytes``.
+
+def load_call(
+    args: bytes | Data, max_bytes: int = MAX_ARGS_BYTES
+) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """Arguments from the wire (an authenticated peer's only), mapped from
+    shared memory if they lie there (:func:`workers.protocol.payload.loads`).
+
+    :raises ArgumentsTooLarge: if what the message carries is over ``max_bytes``.
+    :raises DataGone: if the shared memory they lie in is gone.
     :raises BadTask: if they are not a pickled (tuple, dict).
     """
-    if len(data) > max_bytes:
+    inline = args.pickle if isinstance(args, Data) else args
+    if len(inline) > max_bytes:
         raise ArgumentsTooLarge(
-            f"arguments are {len(data)} bytes, over the worker's limit of "
-            f"{max_bytes}; pass large data by reference (a path, a key)"
+            f"arguments are {len(inline)} bytes, over the worker's limit of "
+            f"{max_bytes} (--max-args-bytes)"
         )
     try:
-        call = pickle.loads(data)
+        call = payload.loads(args) if isinstance(args, Data) else pickle.loads(args)
+    except DataGone:
+        raise
     except Exception as exc:
         raise BadTask(
             f"arguments do not unpickle: {type(exc).__name__}: {exc}"
@@ -105,26 +118,39 @@ def load_call(
     return call
 
 
-def dump_value(value: Any) -> bytes:
-    """The wire bytes of a return value (cloudpickle's when plain pickle
-    refuses it, as it does an object of a class shipped by value).
+def value_result(task_id: int, value: Any, sink: payload.Sink | None) -> Result:
+    """The Result carrying a return value: pickled in the message, or, when
+    large and ``sink`` says where, in the client's shared memory (cloudpickle
+    when plain pickle refuses it, as it does an object of a class shipped
+    by value).
 
-    :raises ResultTooLarge: if they do not fit a message.
+    :raises SharedMemoryFull: if it does not fit the shared memory left.
+    :raises ResultTooLarge: if it does not fit a message (and has no sink).
+    """
+    if sink is None:
+        return Result(id=task_id, value=dump_value(value))
+    pickled, buffers = payload.dumps(value)
+    if payload.in_message(pickled, buffers):
+        return Result(id=task_id, value=pickled)
+    parts = [buffer.raw() for buffer in buffers.taken]
+    data = payload.write(sink.writer, sink.name(), pickled, parts)
+    return Result(id=task_id, data=data)
+
+
+def dump_value(value: Any) -> bytes:
+    """The wire bytes of a return value, for a message.
+
+    :raises ResultTooLarge: if they do not fit one.
     """
     data = shipping.dumps(value)
     if len(data) > MAX_ARGS_LIMIT:
         raise ResultTooLarge(
-            f"the task's result pickles to {len(data)} bytes, over the pool's "
-            f"limit of {MAX_ARGS_LIMIT}; return large data by reference "
-            f"(a path, a key)"
+            f"the task's result pickles to {len(data)} bytes, over the "
+            f"{MAX_ARGS_LIMIT} a message carries between machines; return "
+            f"large data by reference (a path, a key), or run the client on "
+            f"the workers' machine (results then go through shared memory)"
         )
     return data
-
-
-def result_bytes(result: Result) -> int:
-    """About how many bytes ``result`` takes in a message (its large fields)."""
-    failure = result.failure
-    return len(result.value) + len(failure.exception) + len(failure.traceback) + 64
 
 
 def failure_of(

@@ -111,3 +111,50 @@ class RemoteTraceback(Exception):
 
     def __str__(self) -> str:
         return f'\n"""\n{self.tb}"""'
+
+
+class DataGone(BadTask, LookupError):
+    """A payload's shared memory is gone: its client released it (a
+    ``put`` reference released or dropped, the client closed) or died.
+    ``segment`` names it."""
+
+    status = grpc.StatusCode.NOT_FOUND
+
+    def __init__(self, segment: str, why: str) -> None:
+        super().__init__(segment, why)
+        self.segment, self.why = segment, why
+
+    def __str__(self) -> str:
+        return (
+            f"shared memory segment {self.segment!r} {self.why}: its client "
+            f"released it (a put() reference released or no longer held, or "
+            f"the client closed) or died; keep the reference (or the client) "
+            f"until the task is done"
+        )
+
+
+class SharedMemoryFull(TaskError, MemoryError):
+    """A payload does not fit the shared memory left: ``needed`` bytes,
+    ``free`` of them free in ``where`` (/dev/shm, or the pool's
+    ``--shm-limit``). Nothing was written; a smaller payload, or one sent
+    once memory is freed, goes through."""
+
+    status: ClassVar[grpc.StatusCode] = grpc.StatusCode.RESOURCE_EXHAUSTED
+
+    def __init__(self, needed: int, free: int, where: str) -> None:
+        super().__init__(needed, free, where)
+        self.needed, self.free, self.where = needed, free, where
+
+    def __str__(self) -> str:
+        return (
+            f"the payload needs {_mib(self.needed)} of shared memory and "
+            f"{self.where} has {_mib(self.free)} free; free some (drop large "
+            f"results, release put() references), send less at once, or give "
+            f"it more room (a container's /dev/shm is 64 MiB unless its "
+            f"shm_size says more: docker-compose.yml sets it; `pool up "
+            f"--shm-limit` caps what a pool holds)"
+        )
+
+
+def _mib(size: int) -> str:
+    return f"{size / (1 << 20):.1f} MiB ({size} bytes)"

@@ -49,7 +49,7 @@ import types
 from collections import ChainMap, OrderedDict
 from collections.abc import Callable, Collection
 from dataclasses import dataclass
-from typing import Any, ClassVar, Final
+from typing import Any, ClassVar, Final, Protocol
 
 # How much one stream's cache holds (the same limits at both of its ends).
 MAX_FUNCTIONS: Final = 256
@@ -152,17 +152,33 @@ def ship_by_value(module: types.ModuleType) -> None:
         _by_value_marks.append(mark)
 
 
-def dumps(value: Any, *, by_value: bool = False) -> bytes:
-    """Pickle ``value``: with plain pickle, unless ``by_value`` or the
-    pickle names a module whose objects go by value (``__main__``, a
+class OutOfBand(Protocol):
+    """A ``buffer_callback`` that keeps the buffers it takes out of the
+    pickle (:class:`workers.protocol.payload.Buffers`)."""
+
+    def __call__(self, buffer: pickle.PickleBuffer) -> bool:
+        """True: the buffer goes in the pickle; False: it was taken."""
+
+    def clear(self) -> None:
+        """Forget what it took (the pickling starts again)."""
+
+
+def dumps(
+    value: Any, *, by_value: bool = False, out_of_band: OutOfBand | None = None
+) -> bytes:
+    """Pickle ``value`` (protocol 5): with plain pickle, unless ``by_value``
+    or the pickle names a module whose objects go by value (``__main__``, a
     shipped module), or plain pickle refuses it: then with cloudpickle.
+    ``out_of_band`` takes the buffers that are to travel outside it.
 
     A mention of such a name anywhere in the bytes (a string that says
     ``__main__``) only costs the slower pickler: the outcome is the same.
     """
     if not by_value:
         try:
-            data = pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)
+            data = pickle.dumps(
+                value, protocol=pickle.HIGHEST_PROTOCOL, buffer_callback=out_of_band
+            )
         except (pickle.PicklingError, AttributeError, TypeError):
             pass
         else:
@@ -171,13 +187,18 @@ def dumps(value: Any, *, by_value: bool = False) -> bytes:
                     break
             else:
                 return data
-    return _by_value(value)
+        if out_of_band is not None:
+            out_of_band.clear()
+    return _by_value(value, out_of_band)
 
 
-def _by_value(value: Any) -> bytes:
+def _by_value(value: Any, out_of_band: OutOfBand | None = None) -> bytes:
     """The cloudpickle of ``value``, its code keeping its file names."""
     buffer = io.BytesIO()
-    _pickler_class()(buffer, protocol=pickle.HIGHEST_PROTOCOL).dump(value)
+    pickler = _pickler_class()(
+        buffer, protocol=pickle.HIGHEST_PROTOCOL, buffer_callback=out_of_band
+    )
+    pickler.dump(value)
     return buffer.getvalue()
 
 

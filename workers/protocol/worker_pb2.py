@@ -24,23 +24,31 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1dworkers/protocol/worker.proto\x12\x11shmpool.worker.v1\"\x92\x01\n\x04Task\x12\n\n\x02id\x18\x01 \x01(\x04\x12\x10\n\x08\x66unction\x18\x02 \x01(\t\x12\x0c\n\x04\x61rgs\x18\x03 \x01(\x0c\x12\x11\n\ttimeout_s\x18\x04 \x01(\x01\x12\x0f\n\x07\x61ttempt\x18\x05 \x01(\r\x12\x0e\n\x06\x64igest\x18\x06 \x01(\x0c\x12\x0c\n\x04\x63ode\x18\x07 \x01(\x0c\x12\r\n\x05\x63hunk\x18\x08 \x01(\x08\x12\r\n\x05label\x18\t \x01(\t\"\\\n\x07\x46\x61ilure\x12\x0c\n\x04type\x18\x01 \x01(\t\x12\x0f\n\x07message\x18\x02 \x01(\t\x12\x11\n\ttraceback\x18\x03 \x01(\t\x12\x11\n\texception\x18\x04 \x01(\x0c\x12\x0c\n\x04\x63ode\x18\x05 \x01(\r\"}\n\x06Result\x12\n\n\x02id\x18\x01 \x01(\x04\x12\x0f\n\x05value\x18\x02 \x01(\x0cH\x00\x12-\n\x07\x66\x61ilure\x18\x03 \x01(\x0b\x32\x1a.shmpool.worker.v1.FailureH\x00\x12\x0e\n\x06run_us\x18\x04 \x01(\r\x12\x0c\n\x04slot\x18\x05 \x01(\rB\t\n\x07outcome\"C\n\tTaskBatch\x12&\n\x05tasks\x18\x01 \x03(\x0b\x32\x17.shmpool.worker.v1.Task\x12\x0e\n\x06\x63\x61ncel\x18\x02 \x03(\x04\"[\n\x0bResultBatch\x12*\n\x07results\x18\x01 \x03(\x0b\x32\x19.shmpool.worker.v1.Result\x12\x0f\n\x07started\x18\x02 \x03(\x04\x12\x0f\n\x07pace_us\x18\x03 \x01(\r2Q\n\x06Worker\x12G\n\x03Run\x12\x1c.shmpool.worker.v1.TaskBatch\x1a\x1e.shmpool.worker.v1.ResultBatch(\x01\x30\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1dworkers/protocol/worker.proto\x12\x11shmpool.worker.v1\"z\n\x04\x44\x61ta\x12\x0c\n\x04host\x18\x01 \x01(\t\x12,\n\x08segments\x18\x02 \x03(\x0b\x32\x1a.shmpool.worker.v1.Segment\x12\x0e\n\x06pickle\x18\x03 \x01(\x0c\x12&\n\x05parts\x18\x04 \x03(\x0b\x32\x17.shmpool.worker.v1.Part\"4\n\x07Segment\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\r\n\x05nonce\x18\x02 \x01(\x06\x12\x0c\n\x04size\x18\x03 \x01(\x04\"7\n\x04Part\x12\x0f\n\x07segment\x18\x01 \x01(\r\x12\x0e\n\x06offset\x18\x02 \x01(\x04\x12\x0e\n\x06length\x18\x03 \x01(\x04\"0\n\x04Home\x12\x0c\n\x04host\x18\x01 \x01(\t\x12\r\n\x05owner\x18\x02 \x01(\t\x12\x0b\n\x03tag\x18\x03 \x01(\x04\"\xe0\x01\n\x04Task\x12\n\n\x02id\x18\x01 \x01(\x04\x12\x10\n\x08\x66unction\x18\x02 \x01(\t\x12\x0c\n\x04\x61rgs\x18\x03 \x01(\x0c\x12\x11\n\ttimeout_s\x18\x04 \x01(\x01\x12\x0f\n\x07\x61ttempt\x18\x05 \x01(\r\x12\x0e\n\x06\x64igest\x18\x06 \x01(\x0c\x12\x0c\n\x04\x63ode\x18\x07 \x01(\x0c\x12\r\n\x05\x63hunk\x18\x08 \x01(\x08\x12\r\n\x05label\x18\t \x01(\t\x12%\n\x04\x64\x61ta\x18\n \x01(\x0b\x32\x17.shmpool.worker.v1.Data\x12%\n\x04home\x18\x0b \x01(\x0b\x32\x17.shmpool.worker.v1.Home\"\\\n\x07\x46\x61ilure\x12\x0c\n\x04type\x18\x01 \x01(\t\x12\x0f\n\x07message\x18\x02 \x01(\t\x12\x11\n\ttraceback\x18\x03 \x01(\t\x12\x11\n\texception\x18\x04 \x01(\x0c\x12\x0c\n\x04\x63ode\x18\x05 \x01(\r\"\xa6\x01\n\x06Result\x12\n\n\x02id\x18\x01 \x01(\x04\x12\x0f\n\x05value\x18\x02 \x01(\x0cH\x00\x12-\n\x07\x66\x61ilure\x18\x03 \x01(\x0b\x32\x1a.shmpool.worker.v1.FailureH\x00\x12\'\n\x04\x64\x61ta\x18\x06 \x01(\x0b\x32\x17.shmpool.worker.v1.DataH\x00\x12\x0e\n\x06run_us\x18\x04 \x01(\r\x12\x0c\n\x04slot\x18\x05 \x01(\rB\t\n\x07outcome\"C\n\tTaskBatch\x12&\n\x05tasks\x18\x01 \x03(\x0b\x32\x17.shmpool.worker.v1.Task\x12\x0e\n\x06\x63\x61ncel\x18\x02 \x03(\x04\"[\n\x0bResultBatch\x12*\n\x07results\x18\x01 \x03(\x0b\x32\x19.shmpool.worker.v1.Result\x12\x0f\n\x07started\x18\x02 \x03(\x04\x12\x0f\n\x07pace_us\x18\x03 \x01(\r2Q\n\x06Worker\x12G\n\x03Run\x12\x1c.shmpool.worker.v1.TaskBatch\x1a\x1e.shmpool.worker.v1.ResultBatch(\x01\x30\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'workers.protocol.worker_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_TASK']._serialized_start=53
-  _globals['_TASK']._serialized_end=199
-  _globals['_FAILURE']._serialized_start=201
-  _globals['_FAILURE']._serialized_end=293
-  _globals['_RESULT']._serialized_start=295
-  _globals['_RESULT']._serialized_end=420
-  _globals['_TASKBATCH']._serialized_start=422
-  _globals['_TASKBATCH']._serialized_end=489
-  _globals['_RESULTBATCH']._serialized_start=491
-  _globals['_RESULTBATCH']._serialized_end=582
-  _globals['_WORKER']._serialized_start=584
-  _globals['_WORKER']._serialized_end=665
+  _globals['_DATA']._serialized_start=52
+  _globals['_DATA']._serialized_end=174
+  _globals['_SEGMENT']._serialized_start=176
+  _globals['_SEGMENT']._serialized_end=228
+  _globals['_PART']._serialized_start=230
+  _globals['_PART']._serialized_end=285
+  _globals['_HOME']._serialized_start=287
+  _globals['_HOME']._serialized_end=335
+  _globals['_TASK']._serialized_start=338
+  _globals['_TASK']._serialized_end=562
+  _globals['_FAILURE']._serialized_start=564
+  _globals['_FAILURE']._serialized_end=656
+  _globals['_RESULT']._serialized_start=659
+  _globals['_RESULT']._serialized_end=825
+  _globals['_TASKBATCH']._serialized_start=827
+  _globals['_TASKBATCH']._serialized_end=894
+  _globals['_RESULTBATCH']._serialized_start=896
+  _globals['_RESULTBATCH']._serialized_end=987
+  _globals['_WORKER']._serialized_start=989
+  _globals['_WORKER']._serialized_end=1070
 # @@protoc_insertion_point(module_scope)

@@ -6,8 +6,50 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
+class Data(_message.Message):
+    __slots__ = ("host", "segments", "pickle", "parts")
+    HOST_FIELD_NUMBER: _ClassVar[int]
+    SEGMENTS_FIELD_NUMBER: _ClassVar[int]
+    PICKLE_FIELD_NUMBER: _ClassVar[int]
+    PARTS_FIELD_NUMBER: _ClassVar[int]
+    host: str
+    segments: _containers.RepeatedCompositeFieldContainer[Segment]
+    pickle: bytes
+    parts: _containers.RepeatedCompositeFieldContainer[Part]
+    def __init__(self, host: _Optional[str] = ..., segments: _Optional[_Iterable[_Union[Segment, _Mapping]]] = ..., pickle: _Optional[bytes] = ..., parts: _Optional[_Iterable[_Union[Part, _Mapping]]] = ...) -> None: ...
+
+class Segment(_message.Message):
+    __slots__ = ("name", "nonce", "size")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    NONCE_FIELD_NUMBER: _ClassVar[int]
+    SIZE_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    nonce: int
+    size: int
+    def __init__(self, name: _Optional[str] = ..., nonce: _Optional[int] = ..., size: _Optional[int] = ...) -> None: ...
+
+class Part(_message.Message):
+    __slots__ = ("segment", "offset", "length")
+    SEGMENT_FIELD_NUMBER: _ClassVar[int]
+    OFFSET_FIELD_NUMBER: _ClassVar[int]
+    LENGTH_FIELD_NUMBER: _ClassVar[int]
+    segment: int
+    offset: int
+    length: int
+    def __init__(self, segment: _Optional[int] = ..., offset: _Optional[int] = ..., length: _Optional[int] = ...) -> None: ...
+
+class Home(_message.Message):
+    __slots__ = ("host", "owner", "tag")
+    HOST_FIELD_NUMBER: _ClassVar[int]
+    OWNER_FIELD_NUMBER: _ClassVar[int]
+    TAG_FIELD_NUMBER: _ClassVar[int]
+    host: str
+    owner: str
+    tag: int
+    def __init__(self, host: _Optional[str] = ..., owner: _Optional[str] = ..., tag: _Optional[int] = ...) -> None: ...
+
 class Task(_message.Message):
-    __slots__ = ("id", "function", "args", "timeout_s", "attempt", "digest", "code", "chunk", "label")
+    __slots__ = ("id", "function", "args", "timeout_s", "attempt", "digest", "code", "chunk", "label", "data", "home")
     ID_FIELD_NUMBER: _ClassVar[int]
     FUNCTION_FIELD_NUMBER: _ClassVar[int]
     ARGS_FIELD_NUMBER: _ClassVar[int]
@@ -17,6 +59,8 @@ class Task(_message.Message):
     CODE_FIELD_NUMBER: _ClassVar[int]
     CHUNK_FIELD_NUMBER: _ClassVar[int]
     LABEL_FIELD_NUMBER: _ClassVar[int]
+    DATA_FIELD_NUMBER: _ClassVar[int]
+    HOME_FIELD_NUMBER: _ClassVar[int]
     id: int
     function: str
     args: bytes
@@ -26,7 +70,9 @@ class Task(_message.Message):
     code: bytes
     chunk: bool
     label: str
-    def __init__(self, id: _Optional[int] = ..., function: _Optional[str] = ..., args: _Optional[bytes] = ..., timeout_s: _Optional[float] = ..., attempt: _Optional[int] = ..., digest: _Optional[bytes] = ..., code: _Optional[bytes] = ..., chunk: _Optional[bool] = ..., label: _Optional[str] = ...) -> None: ...
+    data: Data
+    home: Home
+    def __init__(self, id: _Optional[int] = ..., function: _Optional[str] = ..., args: _Optional[bytes] = ..., timeout_s: _Optional[float] = ..., attempt: _Optional[int] = ..., digest: _Optional[bytes] = ..., code: _Optional[bytes] = ..., chunk: _Optional[bool] = ..., label: _Optional[str] = ..., data: _Optional[_Union[Data, _Mapping]] = ..., home: _Optional[_Union[Home, _Mapping]] = ...) -> None: ...
 
 class Failure(_message.Message):
     __slots__ = ("type", "message", "traceback", "exception", "code")
@@ -43,18 +89,20 @@ class Failure(_message.Message):
     def __init__(self, type: _Optional[str] = ..., message: _Optional[str] = ..., traceback: _Optional[str] = ..., exception: _Optional[bytes] = ..., code: _Optional[int] = ...) -> None: ...
 
 class Result(_message.Message):
-    __slots__ = ("id", "value", "failure", "run_us", "slot")
+    __slots__ = ("id", "value", "failure", "data", "run_us", "slot")
     ID_FIELD_NUMBER: _ClassVar[int]
     VALUE_FIELD_NUMBER: _ClassVar[int]
     FAILURE_FIELD_NUMBER: _ClassVar[int]
+    DATA_FIELD_NUMBER: _ClassVar[int]
     RUN_US_FIELD_NUMBER: _ClassVar[int]
     SLOT_FIELD_NUMBER: _ClassVar[int]
     id: int
     value: bytes
     failure: Failure
+    data: Data
     run_us: int
     slot: int
-    def __init__(self, id: _Optional[int] = ..., value: _Optional[bytes] = ..., failure: _Optional[_Union[Failure, _Mapping]] = ..., run_us: _Optional[int] = ..., slot: _Optional[int] = ...) -> None: ...
+    def __init__(self, id: _Optional[int] = ..., value: _Optional[bytes] = ..., failure: _Optional[_Union[Failure, _Mapping]] = ..., data: _Optional[_Union[Data, _Mapping]] = ..., run_us: _Optional[int] = ..., slot: _Optional[int] = ...) -> None: ...
 
 class TaskBatch(_message.Message):
     __slots__ = ("tasks", "cancel")
