@@ -3,6 +3,7 @@ they describe what a worker received, and return large values."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
@@ -103,8 +104,26 @@ def first_when(gate: str, a: np.ndarray) -> float:
 
 
 def mapped_then_gated(started: str, gate: str, a: np.ndarray) -> float:
-    """Say (the file ``started``) that the argument is mapped, then wait for
-    ``gate``; its sum."""
-    Path(started).touch()
+    """Say (the file ``started``, holding this worker's pid) that the
+    argument is mapped, then wait for ``gate``; its sum."""
+    _say_pid(started)
     gated(gate, 0)
     return float(a.sum())
+
+
+def pid_then_ones(said: str, n: int) -> np.ndarray:
+    """Leave this worker's pid in the file ``said``, then return n ones."""
+    _say_pid(said)
+    return np.ones(n)
+
+
+def ones_when(gate: str, n: int) -> np.ndarray:
+    gated(gate, 0)
+    return np.ones(n)
+
+
+def _say_pid(path: str) -> None:
+    """Write this process's pid into ``path`` whole (through a rename)."""
+    part = f"{path}.part"
+    Path(part).write_text(str(os.getpid()))
+    os.replace(part, path)

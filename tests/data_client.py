@@ -1,0 +1,26 @@
+"""A client that sends large arrays to a running pool until it is killed
+(``python -m tests.data_client NAMESPACE``): it prints ``writing N`` just
+before each submit, so that a test can kill it while it writes."""
+
+from __future__ import annotations
+
+import sys
+
+import numpy as np
+
+from pool import Client
+from tests import data_tasks
+
+
+def main() -> None:
+    with Client(sys.argv[1]) as client:
+        print(f"owner {client._runner.store.owner.id}", flush=True)  # type: ignore[union-attr]
+        a = np.random.rand(2**22)  # 32 MiB
+        for n in range(1_000_000):
+            a[0] = n  # (a new copy each time: it changed)
+            print(f"writing {n}", flush=True)
+            client.submit(data_tasks.total, a)
+
+
+if __name__ == "__main__":
+    main()
