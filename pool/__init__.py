@@ -23,7 +23,7 @@ _HOMES: dict[str, str] = {
     "AsyncClient": "pool.client.async_client",
     "Client": "pool.client.executor",
     "Pool": "pool.client.embedded",
-    "ObjectRef": "pool.client.store",
+    "ObjectRef": "pool.client.refs",
     "NoWorkerAvailable": "pool.errors",
     "PoolAlreadyRunning": "pool.errors",
     "PoolError": "pool.errors",
@@ -51,7 +51,7 @@ if TYPE_CHECKING:
     from pool.client.async_client import AsyncClient
     from pool.client.embedded import Pool
     from pool.client.executor import Client
-    from pool.client.store import ObjectRef
+    from pool.client.refs import ObjectRef
     from pool.errors import (
         NoWorkerAvailable,
         PoolAlreadyRunning,

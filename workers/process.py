@@ -48,7 +48,7 @@ from workers.limits import (
     warn_if_under_baseline,
 )
 from workers.protocol import auth, worker_pb2_grpc
-from workers.protocol.segments import DataOwner
+from workers.protocol.owners import DataOwner
 from workers.service import WorkerService
 from workers.settings import WorkerSettings
 from workers.spec import parse

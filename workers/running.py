@@ -17,8 +17,8 @@ from typing import Any, Final
 from workers.offload import Offload
 from workers.protocol import codec
 from workers.protocol.errors import BadTask
+from workers.protocol.owners import DataOwner
 from workers.protocol.payload import Sink
-from workers.protocol.segments import DataOwner
 from workers.protocol.stream import Incoming
 from workers.protocol.worker_pb2 import Data, Failure, Result, Task
 

@@ -54,7 +54,7 @@ from workers.limits import Limits
 from workers.offload import Offload
 from workers.protocol import codec, worker_pb2_grpc
 from workers.protocol.errors import BadTask, TaskTimeout
-from workers.protocol.segments import DataOwner
+from workers.protocol.owners import DataOwner
 from workers.protocol.worker_pb2 import Result, ResultBatch, Task, TaskBatch
 from workers.running import Entry, News, PaceMeter, Stream, failed, timed
 

@@ -40,7 +40,7 @@ from pool.supervisor.view import (
     line,
     shorten_left,
 )
-from workers.protocol import auth, segments
+from workers.protocol import auth, owners, segments
 
 WORKERS = """list the registered workers (read from shared memory), with
 what the dispatcher has sent each and has queued
@@ -177,7 +177,7 @@ def run_ls(args: argparse.Namespace) -> int:
     if args.clean:
         for namespace in sweep_dead():
             print(f"removed what the dead pool {namespace!r} left")
-        if reaped := segments.reap():
+        if reaped := owners.reap():
             print(f"removed {len(reaped)} data segments and locks of dead processes")
         sweep_temp_dirs()
     rows = []

@@ -23,7 +23,8 @@ from pool.client.core import (
     open_options,
     outcome,
 )
-from pool.client.store import NO_STORE, Hold, ObjectRef, Store
+from pool.client.refs import ObjectRef
+from pool.client.store import NO_STORE, Hold, Store
 from workers.protocol import codec, shipping
 from workers.protocol.worker_pb2 import Result
 
@@ -190,6 +191,6 @@ class _AsyncHandler:
             dropped(result, self._store)
             return
         try:
-            self._answer.set_result(outcome(result, self._store))
+            self._answer.set_result(outcome(result, self._store, self._hold.key))
         except BaseException as exc:  # the task's error, whatever it is
             self._answer.set_exception(exc)

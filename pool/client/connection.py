@@ -36,7 +36,7 @@ from pool.dispatcher_pb2 import ListWorkersRequest, Submission, SubmissionBatch
 from pool.errors import PoolError, PoolNotRunning, PoolRefused, ProtocolMismatch
 from workers.offload import Offload
 from workers.protocol import auth, codec, segments
-from workers.protocol.segments import DataOwner
+from workers.protocol.owners import DataOwner
 from workers.protocol.stream import Outgoing
 from workers.protocol.worker_pb2 import Result, ResultBatch, Task
 from workers.serving import GRPC_OPTIONS

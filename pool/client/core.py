@@ -16,7 +16,7 @@ from typing import Any, Final, TypedDict
 
 from discovery import backends, paths
 from pool.client.rendezvous import Locator
-from pool.client.store import Hold, Store
+from pool.client.store import HOLD_NOTHING, Hold, Store
 from pool.dispatcher_pb2 import Submission
 from workers.protocol import codec, payload, shipping
 from workers.protocol.worker_pb2 import Result
@@ -41,15 +41,16 @@ MAX_CHUNK_BYTES: Final = 1 << 20
 MIN_TIMED_CALLS: Final = 16
 
 
-def outcome(result: Result, store: Store | None = None) -> Any:
+def outcome(result: Result, store: Store | None = None, key: str = "") -> Any:
     """The value a result carries (mapped from shared memory, through
-    ``store``, if it lies there), or raise the exception it carries."""
+    ``store``, if it lies there: a value of the callable ``key``), or raise
+    the exception it carries."""
     if result.HasField("failure"):
         raise codec.exception_of(result.failure)
     if result.HasField("data"):
         if store is None:
             raise RuntimeError("a value in shared memory, for a client without")
-        return store.adopt(result.data)
+        return store.adopt(result.data, key)
     return pickle.loads(result.value)
 
 
@@ -126,18 +127,24 @@ class Submissions:
         submission = Submission(tags=self._tags)
         task = submission.task  # (filled in place: no Task made and copied)
         task.id = next(self._ids)
-        hold: Hold = ()
+        hold = HOLD_NOTHING
         if store is None:
-            task.args = codec.dump_call(args, dict(kwargs), by_value=ref.by_value)
-            codec.check_call_size(task.args, ref.code)
+            pickled = codec.dump_call(args, dict(kwargs), by_value=ref.by_value)
+            codec.check_call_size(pickled, ref.code)
+            task.args = pickled
         else:
-            packed, hold = store.pack((args, dict(kwargs)), by_value=ref.by_value)
+            key = ref.name or ref.digest.hex()
+            packed, hold = store.pack(
+                (args, dict(kwargs)), by_value=ref.by_value, key=key
+            )
             if isinstance(packed, bytes):
                 task.args = packed
             else:
                 task.data.CopyFrom(packed)
             home = task.home
             home.host, home.owner, home.tag = store.host, store.owner.id, task.id
+            if hold.lend is not None:
+                home.lend.CopyFrom(hold.lend)
         if ref.name:
             task.function = ref.name
         if ref.digest:

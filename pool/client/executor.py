@@ -38,7 +38,8 @@ from pool.client.core import (
     open_options,
 )
 from pool.client.loop import LoopThread, interpreter_exiting
-from pool.client.store import NO_STORE, ObjectRef
+from pool.client.refs import ObjectRef
+from pool.client.store import NO_STORE
 from workers.protocol import codec, shipping
 
 __all__ = ["Client"]

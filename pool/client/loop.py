@@ -26,7 +26,7 @@ from grpc import aio
 from pool.client.connection import Connection
 from pool.client.core import dropped, outcome
 from pool.client.rendezvous import Locator
-from pool.client.store import Hold, Store
+from pool.client.store import HOLD_NOTHING, Hold, Store
 from pool.dispatcher_pb2 import Submission
 from pool.errors import PoolError, PoolNotRunning
 from workers.protocol.worker_pb2 import Result
@@ -74,7 +74,7 @@ class FutureHandler:
         self,
         future: concurrent.futures.Future[Any],
         store: Store | None = None,
-        hold: Hold = (),
+        hold: Hold = HOLD_NOTHING,
     ) -> None:
         # (Let go of once it is settled: the future's done callback holds
         # this handler, and a cycle would keep a large value until a GC.)
@@ -101,7 +101,7 @@ class FutureHandler:
             dropped(result, self._store)  # (cancelled: nobody reads it)
             return
         try:
-            value = outcome(result, self._store)
+            value = outcome(result, self._store, self._hold.key)
         except BaseException as exc:  # the task's error, whatever it is
             settle(future.set_exception, exc)
         else:
@@ -228,7 +228,7 @@ class LoopThread:
         submission: Submission,
         code: bytes,
         future: concurrent.futures.Future[Any],
-        hold: Hold = (),
+        hold: Hold = HOLD_NOTHING,
     ) -> None:
         """Send a task whose room :meth:`reserve` took (any thread);
         ``hold`` is what its arguments hold in the store, until answered."""

@@ -11,7 +11,7 @@ anywhere, and large data travels in the messages.
 :func:`reap_every` runs in the supervisor's task group for the pool's
 life: every :data:`REAP_S` it removes the segments of the namespace whose
 owner died (a client killed mid-submit, say) and those a dead worker left
-half-written (:func:`workers.protocol.segments.reap`); a pool's start
+half-written (:func:`workers.protocol.owners.reap`); a pool's start
 reaps every namespace of the user, and its stop reaps its own once its
 workers have exited.
 """
@@ -26,7 +26,7 @@ from discovery import paths
 from pool.client.rendezvous import DATA_FILE, DataPlane
 from pool.supervisor.settings import PoolSettings
 from workers.offload import Offload
-from workers.protocol import segments
+from workers.protocol import owners, segments
 
 log = logging.getLogger("pool.supervisor")
 
@@ -41,10 +41,10 @@ def announce(settings: PoolSettings) -> None:
 
 
 async def reap(offload: Offload, namespace: str | None = None) -> None:
-    """One pass of :func:`workers.protocol.segments.reap`, off the loop:
+    """One pass of :func:`workers.protocol.owners.reap`, off the loop:
     the namespace's, or every namespace's of this user."""
     key = paths.segment_name(namespace) if namespace is not None else None
-    removed = await offload.run(segments.reap, key)
+    removed = await offload.run(owners.reap, key)
     if removed:
         log.info("reclaimed %d segments of dead processes", len(removed))
 

@@ -160,13 +160,16 @@ def _held_while(
     return held, [f.result(60) if hasattr(f, "result") else list(f) for f in futures]
 
 
-def test_the_same_array_many_times_is_written_once(
-    pools: tuple[Client, ProcessPoolExecutor], tmp_path: Path
-) -> None:
+def test_the_same_array_many_times_is_written_once(tmp_path: Path) -> None:
     """``map`` over ``[a] * 16`` and 16 ``submit`` calls of ``a`` hold one
-    copy of it in shared memory while they run; a change to ``a`` between
-    two submits is seen by the second (a new copy), not the first."""
-    client, _ = pools
+    copy of it in shared memory while they run (in a pool of their own, so
+    that no spare of other tests counts); a change to ``a`` between two
+    submits is seen by the second (a new copy), not the first."""
+    with Pool(workers=2) as client:
+        _write_once(client, tmp_path)
+
+
+def _write_once(client: Client, tmp_path: Path) -> None:
     a = np.random.rand(8 * MIB // 8)
     gate = tmp_path / "gate-map"
     held, sums = _held_while(
@@ -194,31 +197,37 @@ def test_the_same_array_many_times_is_written_once(
 
 
 def test_a_put_reference_is_read_by_many_tasks_and_goes_with_its_last_holder(
-    pools: tuple[Client, ProcessPoolExecutor], tmp_path: Path
+    tmp_path: Path,
 ) -> None:
     """16 tasks read one reference (at any depth of their arguments); the
-    segment outlives the reference while tasks that name it run, and goes
-    once they end; a released reference is a clear error."""
-    client, _ = pools
-    a = np.random.rand(4 * MIB // 8)
-    ref = client.put(a)
-    assert "shared memory" in repr(ref)
-    assert client.submit(data_tasks.total, ref).result(timeout=60) == float(a.sum())
-    nested = client.submit(data_tasks.identity, {"k": [ref]}).result(timeout=60)
-    assert np.array_equal(nested["k"][0], a)
-    gate = tmp_path / "gate"
-    futures = [client.submit(data_tasks.sum_when, str(gate), ref) for _ in range(16)]
-    names = [s.name for s in ref.data.segments]
-    del ref
-    gc.collect()
-    assert all((paths.SHM_DIR / name).exists() for name in names)
-    gate.touch()
-    assert [f.result(timeout=60) for f in futures] == [float(a.sum())] * 16
-    wait_until(lambda: not any((paths.SHM_DIR / n).exists() for n in names))
-    released = client.put(a)
-    released.release()
-    with pytest.raises(ValueError, match="was released"):
-        client.submit(data_tasks.total, released).result(timeout=60)
+    segment outlives the reference while tasks that name it run, and once
+    they end it is free: the next payload of its size is written into it
+    (the old reference's bytes are gone); a released reference is a clear
+    error."""
+    with Pool(workers=2) as client:  # (its own: no spare of other tests)
+        a = np.random.rand(4 * MIB // 8)
+        ref = client.put(a)
+        assert "shared memory" in repr(ref)
+        assert client.submit(data_tasks.total, ref).result(60) == float(a.sum())
+        nested = client.submit(data_tasks.identity, {"k": [ref]}).result(60)
+        assert np.array_equal(nested["k"][0], a)
+        gate = tmp_path / "gate"
+        futures = [
+            client.submit(data_tasks.sum_when, str(gate), ref) for _ in range(16)
+        ]
+        (segment,) = ref.data.segments
+        del ref, nested
+        gc.collect()
+        assert (paths.SHM_DIR / segment.name).exists()
+        gate.touch()
+        assert [f.result(timeout=60) for f in futures] == [float(a.sum())] * 16
+        assert client.submit(data_tasks.total, a + 1).result(60) == float((a + 1).sum())
+        with pytest.raises(pool.DataGone, match="another payload"):
+            segments.attach(segment.name, segment.nonce, segment.size)
+        released = client.put(a)
+        released.release()
+        with pytest.raises(ValueError, match="was released"):
+            client.submit(data_tasks.total, released).result(timeout=60)
 
 
 def test_a_reference_of_another_pool_is_a_clear_error(
@@ -300,4 +309,3 @@ def test_map_chunks_of_large_arrays_travel_by_reference(
     for chunksize in (None, 1, 5):
         sums = list(client.map(data_tasks.total, arrays, chunksize=chunksize))
         assert sums == [float(a.sum()) for a in arrays]
-    assert _used(client) == 0

@@ -133,7 +133,7 @@ def value_result(task_id: int, value: Any, sink: payload.Sink | None) -> Result:
     if payload.in_message(pickled, buffers):
         return Result(id=task_id, value=pickled)
     parts = [buffer.raw() for buffer in buffers.taken]
-    data = payload.write(sink.writer, sink.name(), pickled, parts)
+    data = payload.write(sink.writer, sink.name(), pickled, parts, sink.lend)
     return Result(id=task_id, data=data)
 
 

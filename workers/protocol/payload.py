@@ -34,7 +34,8 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 from workers.protocol import segments, shipping
-from workers.protocol.segments import DataOwner, Written
+from workers.protocol.owners import DataOwner
+from workers.protocol.segments import Written
 from workers.protocol.worker_pb2 import Data, Home, Segment
 
 # From this size a buffer goes into shared memory, and so does a pickle
@@ -97,16 +98,24 @@ class Builder:
 
 
 def write(
-    writer: DataOwner, name: str, pickled: bytes, buffers: Sequence[memoryview]
+    writer: DataOwner,
+    name: str,
+    pickled: bytes,
+    buffers: Sequence[memoryview],
+    into: Segment | None = None,
 ) -> Data:
     """Write a pickling's buffers, and its pickle if large (else it stays in
-    the message), into the new segment ``name``.
+    the message), into the segment ``into`` lent for it, unless it is no
+    longer what its nonce says (or a reader maps it); else into the new
+    segment ``name``.
 
     :raises SharedMemoryFull: if they do not fit (nothing is left of it).
     """
     inline = len(pickled) < INLINE_MAX
     parts = list(buffers) if inline else [memoryview(pickled), *buffers]
-    written = writer.write(name, parts)
+    written = writer.rewrite(into.name, parts, into.nonce) if into else None
+    if written is None:
+        written = writer.write(name, parts)
     builder = Builder(pickled, pickle_inline=inline)
     for part, offset in zip(parts, written.offsets, strict=True):
         builder.part(written, offset, part.nbytes)
@@ -148,13 +157,15 @@ class Sink:
     writer: DataOwner
     owner: str
     tag: int
+    lend: Segment | None = None  # a spare of the client's, to write into
 
     @classmethod
     def of(cls, writer: DataOwner | None, home: Home) -> Sink | None:
         """The sink of a task's ``home``, if this process can write there."""
         if writer is None or not home.owner or home.host != segments.host_id():
             return None
-        return cls(writer, home.owner, home.tag)
+        lend = home.lend if home.HasField("lend") else None
+        return cls(writer, home.owner, home.tag, lend)
 
     def name(self) -> str:
         return self.writer.name(self.owner, f"r{self.tag}")

@@ -39,14 +39,16 @@ class Part(_message.Message):
     def __init__(self, segment: _Optional[int] = ..., offset: _Optional[int] = ..., length: _Optional[int] = ...) -> None: ...
 
 class Home(_message.Message):
-    __slots__ = ("host", "owner", "tag")
+    __slots__ = ("host", "owner", "tag", "lend")
     HOST_FIELD_NUMBER: _ClassVar[int]
     OWNER_FIELD_NUMBER: _ClassVar[int]
     TAG_FIELD_NUMBER: _ClassVar[int]
+    LEND_FIELD_NUMBER: _ClassVar[int]
     host: str
     owner: str
     tag: int
-    def __init__(self, host: _Optional[str] = ..., owner: _Optional[str] = ..., tag: _Optional[int] = ...) -> None: ...
+    lend: Segment
+    def __init__(self, host: _Optional[str] = ..., owner: _Optional[str] = ..., tag: _Optional[int] = ..., lend: _Optional[_Union[Segment, _Mapping]] = ...) -> None: ...
 
 class Task(_message.Message):
     __slots__ = ("id", "function", "args", "timeout_s", "attempt", "digest", "code", "chunk", "label", "data", "home")
