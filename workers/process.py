@@ -113,14 +113,12 @@ async def _serve(config: WorkerSettings, stopper: serving.Stopper) -> None:
     changed = asyncio.Event()
     max_memory = parse_size(config.max_memory or 0)
     warn_if_under_baseline(max_memory)
-    limits = Limits(config.max_tasks_per_child, max_memory)
-    # (Large values go into the clients' shared memory.)
     writer = DataOwner(config.namespace, limit_bytes=config.shm_limit_bytes)
     service = WorkerService(
         config.concurrency,
         changed.set,
         max_args_bytes=config.max_args_bytes,
-        limits=limits,
+        limits=Limits(config.max_tasks_per_child, max_memory),
         writer=writer,
     )
     server = aio.server(
@@ -139,19 +137,7 @@ async def _serve(config: WorkerSettings, stopper: serving.Stopper) -> None:
     )
     await server.start()
     try:
-        info = WorkerInfo(
-            uid,
-            address,
-            os.getpid(),
-            discovery.__version__,
-            tags=frozenset(config.tags),
-            extra={
-                **_counters(service),
-                **({serving.TLS_KEY: "1"} if config.tls else {}),
-            },
-            capacity=config.concurrency,
-        )
-        reporter = _Reporter(service, info, changed)
+        reporter = _Reporter(service, _info(config, uid, address, service), changed)
         with contextlib.ExitStack() as watching:
             if max_memory:
                 watching.enter_context(
@@ -164,6 +150,24 @@ async def _serve(config: WorkerSettings, stopper: serving.Stopper) -> None:
         writer.close()
         if socket_path is not None:
             socket_path.unlink(missing_ok=True)
+
+
+def _info(
+    config: WorkerSettings, uid: uuid.UUID, address: str, service: WorkerService
+) -> WorkerInfo:
+    """What the worker publishes of itself first."""
+    return WorkerInfo(
+        uid,
+        address,
+        os.getpid(),
+        discovery.__version__,
+        tags=frozenset(config.tags),
+        extra={
+            **_counters(service),
+            **({serving.TLS_KEY: "1"} if config.tls else {}),
+        },
+        capacity=config.concurrency,
+    )
 
 
 async def _registered(

@@ -18,21 +18,17 @@ starts at once, on the loop, and stays cancellable while it runs.
 
 Each stream owns an :class:`asyncio.TaskGroup`: its reader, its coroutine
 tasks and the imports it waits for; a hang-up cancels it. Plain functions
-go to ``concurrency`` slot threads (no asyncio future per task). A thread
-cannot be interrupted: a plain task timed out while running is answered at
-once, but its thread counts as *stuck* until the call returns, and the
-advertised capacity shrinks with it; with every thread stuck the status
-is ``"stuck"``, the held tasks are handed back (UNAVAILABLE: the
-dispatcher sends them elsewhere) and the supervisor replaces the worker.
+go to ``concurrency`` slot threads. A thread cannot be interrupted: a plain
+task timed out while running is answered at once, but its thread counts as
+*stuck* until the call returns, and the advertised capacity shrinks; with
+every thread stuck the status is ``"stuck"``, the held tasks are handed
+back (UNAVAILABLE: sent elsewhere) and the supervisor replaces the worker.
 A worker past its limits (:mod:`workers.limits`) retires: it hands back
 what it holds, finishes what runs, and :attr:`WorkerService.retiring` ends
-its process.
-
-Imports, unpickling a function shipped by value (once per digest:
-:mod:`workers.protocol.shipping`) and unpickling large arguments of
-coroutine tasks run in daemon threads, never on the loop. A task that
-cannot be run as sent is answered alone with its precise status (see
-``proto/workers/worker.proto``); its stream goes on.
+its process. Imports, shipped functions' unpickling and large coroutine
+arguments run in daemon threads, never on the loop. A task that cannot be
+run as sent is answered alone with its precise status
+(``proto/workers/protocol/worker.proto``); its stream goes on.
 """
 
 from __future__ import annotations
@@ -73,11 +69,10 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
 
     :param concurrency: slot threads for plain functions.
     :param on_change: called (on the loop) whenever a counter changes.
-    :param max_args_bytes: the largest pickled arguments a task may carry.
-    :param limits: when it retires (:mod:`workers.limits`): then
-        :attr:`retiring` is set.
-    :param writer: this worker's name in the data plane: it writes large
-        values into its clients' shared memory (None: in the message).
+    :param max_args_bytes: the largest arguments a task's message may carry.
+    :param limits: when it retires (:mod:`workers.limits`, :attr:`retiring`).
+    :param writer: it writes large values into its clients' shared memory
+        (None: into the message).
     """
 
     def __init__(
@@ -105,16 +100,14 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
         self._offload = Offload("offload")  # imports, large arguments
         self._news = News(self._loop, self._take_news)  # (under the claim lock)
         self._slots = [
-            threading.Thread(
-                target=self._slot, args=(i,), name=f"task-{i}", daemon=True
-            )
+            threading.Thread(target=self._slot, args=(i,), name=f"task-{i}")
             for i in range(concurrency)
         ]
         for slot in self._slots:
+            slot.daemon = True
             slot.start()
         self._streams: set[Stream] = set()
-        self._idle = asyncio.Event()
-        self._idle.set()
+        self._idle = asyncio.Event()  # (set below: nothing runs yet)
         self.draining = False
         self._ending = False  # end_streams was called
         self.running = 0  # tasks taken and not answered
@@ -123,9 +116,9 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
         # Set whenever ``stuck`` changes: the worker's capacity follows it,
         # and is published at once.
         self.stuck_changed = asyncio.Event()
-        self.done = 0
-        self.failed = 0
+        self.done = self.failed = 0
         self.pace = PaceMeter()  # how long plain tasks run
+        self._idle.set()
 
     @property
     def free_threads(self) -> int:

@@ -193,7 +193,7 @@ def fan_out_memory(a: Any, n: int, workers: int, *, put: bool) -> float:
     of ``a``."""
     from discovery import paths
     from pool.client.embedded import Pool
-    from workers.protocol import segments
+    from workers.protocol import owners
 
     with Pool(workers=workers) as client:
         runner = _Ours(client)
@@ -203,7 +203,7 @@ def fan_out_memory(a: Any, n: int, workers: int, *, put: bool) -> float:
 
         def sample() -> None:
             while not done.wait(0.001):
-                peak[0] = max(peak[0], segments.used_bytes(key))
+                peak[0] = max(peak[0], owners.used_bytes(key))
 
         before = _status_kb("VmRSS")
         with open("/proc/self/clear_refs", "w") as clear:

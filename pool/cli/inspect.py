@@ -40,7 +40,7 @@ from pool.supervisor.view import (
     line,
     shorten_left,
 )
-from workers.protocol import auth, owners, segments
+from workers.protocol import auth, owners
 
 WORKERS = """list the registered workers (read from shared memory), with
 what the dispatcher has sent each and has queued
@@ -193,7 +193,7 @@ def run_ls(args: argparse.Namespace) -> int:
                 "workers": workers,
                 "segment": entry.segment if entry.segment_exists else "-",
                 "runtime": entry.directory,
-                "data": segments.used_bytes(entry.segment.name),
+                "data": owners.used_bytes(entry.segment.name),
             }
         )
     # (A namespace's data segments and locks are named after its segment.)

@@ -24,7 +24,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Final
 
-from workers.protocol import segments
+from workers.protocol import owners, segments
 
 MIN_BYTES: Final = 1 << 20
 MAX_BYTES: Final = 2 << 30  # (and at most a quarter of /dev/shm)
@@ -46,7 +46,7 @@ class Arena:
         self._spares: dict[str, _Spare] = {}  # by name, oldest first
         self._bytes = 0
         # (A quarter of what the pool may hold: spares never fill it.)
-        room = segments.total_bytes() if limit_bytes is None else limit_bytes
+        room = owners.total_bytes() if limit_bytes is None else limit_bytes
         self.max_bytes = min(MAX_BYTES, room // 4)
 
     def __len__(self) -> int:

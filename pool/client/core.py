@@ -134,17 +134,7 @@ class Submissions:
             task.args = pickled
         else:
             key = ref.name or ref.digest.hex()
-            packed, hold = store.pack(
-                (args, dict(kwargs)), by_value=ref.by_value, key=key
-            )
-            if isinstance(packed, bytes):
-                task.args = packed
-            else:
-                task.data.CopyFrom(packed)
-            home = task.home
-            home.host, home.owner, home.tag = store.host, store.owner.id, task.id
-            if hold.lend is not None:
-                home.lend.CopyFrom(hold.lend)
+            hold = store.pack_task(task, (args, dict(kwargs)), ref.by_value, key)
         if ref.name:
             task.function = ref.name
         if ref.digest:

@@ -186,18 +186,25 @@ class Client(concurrent.futures.Executor):
             failed: concurrent.futures.Future[Any] = concurrent.futures.Future()
             failed.set_exception(exc)
             return _in_order([failed], deadline)
-        chunk = plan.chunked
+        results = _in_order(self._send_all(plan, ref), deadline)
+        if not plan.chunked:
+            return results
+        return _flatten(results, functools.partial(self._submissions.timed, ref))
+
+    def _send_all(
+        self, plan: MapPlan, ref: shipping.Reference
+    ) -> list[concurrent.futures.Future[Any]]:
+        """Every task of a map, sent (an object passed to many of its calls,
+        such as ``[a] * 16``, is written to shared memory once)."""
         store = self._runner.store
         with store.one_call() if store else contextlib.nullcontext():
             first = plan.first(self._submissions.per_call_s(ref))
+            chunk = plan.chunked
             futures = [self._send(ref, args, {}, chunk=chunk) for args in first]
             if plan.adaptive:
                 rest = plan.rest(_time_per_call(futures))
                 futures += [self._send(ref, args, {}, chunk=True) for args in rest]
-        results = _in_order(futures, deadline)
-        if not chunk:
-            return results
-        return _flatten(results, functools.partial(self._submissions.timed, ref))
+        return futures
 
     def put(self, value: Any) -> ObjectRef:
         """Store ``value`` once in the pool's shared memory, as ``ray.put``

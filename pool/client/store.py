@@ -34,11 +34,11 @@ from typing import Any, Final
 from pool.client.arena import Arena
 from pool.client.copies import Copies
 from pool.client.refs import RELEASED, ObjectRef, Packing
-from workers.protocol import payload, segments, shipping
+from workers.protocol import owners, payload, segments, shipping
 from workers.protocol.errors import SharedMemoryFull
 from workers.protocol.owners import DataOwner
 from workers.protocol.segments import SEGMENT_RE, Written
-from workers.protocol.worker_pb2 import Data, Segment
+from workers.protocol.worker_pb2 import Data, Home, Segment, Task
 
 SWEEP_S: Final = 1.0
 NO_STORE: Final = (
@@ -66,6 +66,7 @@ class Store:
     def __init__(self, owner: DataOwner) -> None:
         self.owner = owner
         self.host = segments.host_id()
+        self._home = Home(host=self.host, owner=owner.id)
         self._lock = threading.Lock()
         self._holders: dict[str, int] = {}  # segment: payloads naming it
         self._sizes: dict[str, int] = {}  # of those held and the spares
@@ -110,6 +111,22 @@ class Store:
         if lend is not None:
             names += (lend.name,)
         return packed, Hold(names, key, lend)
+
+    def pack_task(self, task: Task, call: Any, by_value: bool, key: str) -> Hold:
+        """Fill in a task's arguments (``call``, pickled: :meth:`pack`) and
+        its home (where its value may go: a segment of ours, named after its
+        id, or the spare lent for it); what it holds until answered."""
+        packed, hold = self.pack(call, by_value=by_value, key=key)
+        if isinstance(packed, bytes):
+            task.args = packed
+        else:
+            task.data.CopyFrom(packed)
+        home = task.home
+        home.MergeFrom(self._home)
+        home.tag = task.id
+        if hold.lend is not None:
+            home.lend.CopyFrom(hold.lend)
+        return hold
 
     def _plain(self, key: str) -> Hold:
         """What a small task holds: nothing but its key, and a spare lent
@@ -331,7 +348,7 @@ class Store:
         """Unlink values for us that no pending task will read (their task
         ended otherwise: cancelled, or answered by another attempt), and
         the spares kept too long."""
-        for name in segments.names(self.owner.prefix):
+        for name in owners.names(self.owner.prefix):
             found = SEGMENT_RE.fullmatch(name)
             if not found or found[3] == self.owner.id or found[4][0] != "r":
                 continue

@@ -33,6 +33,15 @@ log = logging.getLogger("pool.supervisor")
 REAP_S: Final = 1.0
 
 
+async def prepare(offload: Offload, settings: PoolSettings) -> None:
+    """As a pool starts: reap what dead processes left in every namespace,
+    and :func:`announce` the data plane (not on Redis: workers may be
+    anywhere)."""
+    await reap(offload)
+    if not settings.discovery_url:
+        await offload.run(announce, settings)
+
+
 def announce(settings: PoolSettings) -> None:
     """Say that clients of this machine may use shared memory."""
     limit = settings.worker().shm_limit_bytes

@@ -176,10 +176,8 @@ class Supervisor:
         and a pidfd of this process, whose end ends them."""
         await self._offload.run(sweep_dead)
         await self._offload.run(sweep_temp_dirs)
-        await dataplane.reap(self._offload)  # (every namespace's)
+        await dataplane.prepare(self._offload, self.settings)
         namespace, token_file = self.settings.namespace, self.settings.token_file
-        if not self.settings.discovery_url:  # (else workers may be anywhere)
-            await self._offload.run(dataplane.announce, self.settings)
         given = None
         if token_file or os.environ.get(auth.TOKEN_ENV):
             given = auth.token_for(namespace, token_file)

@@ -23,7 +23,7 @@ from discovery import paths
 from pool import AsyncClient, Client, Pool
 from tests import data_tasks
 from tests.helpers import wait_until
-from workers.protocol import payload, segments
+from workers.protocol import owners, payload, segments
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
 
@@ -145,7 +145,7 @@ def test_the_argument_is_a_copy_on_write_view_of_shared_memory(
 
 
 def _used(client: Client) -> int:
-    return segments.used_bytes(paths.segment_name(client.namespace))
+    return owners.used_bytes(paths.segment_name(client.namespace))
 
 
 def _held_while(

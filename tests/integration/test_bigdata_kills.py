@@ -25,7 +25,7 @@ from pool import Client, PoolNotRunning
 from tests import data_tasks
 from tests.helpers import DEADLINE_S, python_module, wait_until
 from tests.pools import RunningPool, pool_command, running_pool
-from workers.protocol import segments
+from workers.protocol import owners, segments
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 
@@ -36,7 +36,7 @@ MIB = 2**20
 def _data_names(namespace: str) -> list[str]:
     """The namespace's data segments (locks aside) in /dev/shm."""
     key = paths.segment_name(namespace)
-    return [n for n in segments.names(f"{key}.") if segments.SEGMENT_RE.fullmatch(n)]
+    return [n for n in owners.names(f"{key}.") if segments.SEGMENT_RE.fullmatch(n)]
 
 
 def _foreign(namespace: str) -> list[str]:
@@ -48,7 +48,7 @@ def _foreign(namespace: str) -> list[str]:
 
 
 def _none_named(prefix: str) -> bool:
-    return not list(segments.names(prefix))
+    return not list(owners.names(prefix))
 
 
 def _writing_or_done(namespace: str, future: Future[object]) -> bool:
@@ -193,4 +193,4 @@ def test_a_supervisor_killed_with_large_tasks_in_flight_leaves_nothing(
         cleaned = pool_command("ls", "--clean")
         assert cleaned.returncode == 0, cleaned.stderr
         key = paths.segment_name(namespace)
-        assert not list(segments.names(key)), list(segments.names(key))
+        assert not list(owners.names(key)), list(owners.names(key))

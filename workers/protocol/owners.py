@@ -31,7 +31,7 @@ import itertools
 import os
 import re
 import secrets
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Final
 
 from discovery import paths
@@ -105,7 +105,7 @@ class DataOwner:
         if size > free:
             raise SharedMemoryFull(size, free, str(SHM_DIR))
         if self.limit_bytes is not None:
-            left = self.limit_bytes - segments.used_bytes(self.key)
+            left = self.limit_bytes - used_bytes(self.key)
             if size > left:
                 where = f"the pool's --shm-limit of {self.limit_bytes} bytes"
                 raise SharedMemoryFull(size, max(0, left), where)
@@ -114,7 +114,7 @@ class DataOwner:
         """Unlink every segment it owns, then its lock. Never raises."""
         if self._lock_fd < 0:
             return
-        for name in segments.names(self.prefix):
+        for name in names(self.prefix):
             segments.unlink(name)
         segments.unlink(f"{self.key}.{self.id}")
         os.close(self._lock_fd)
@@ -142,6 +142,29 @@ def _claim(key: str) -> tuple[str, int]:
     raise RuntimeError(f"could not make a data-plane lock in {SHM_DIR}")
 
 
+def names(prefix: str) -> Iterator[str]:
+    """The names in /dev/shm that start with ``prefix``."""
+    with contextlib.suppress(OSError), os.scandir(SHM_DIR) as entries:
+        for entry in entries:
+            if entry.name.startswith(prefix):
+                yield entry.name
+
+
+def total_bytes() -> int:
+    """The size of /dev/shm."""
+    st = os.statvfs(SHM_DIR)
+    return st.f_blocks * st.f_frsize
+
+
+def used_bytes(key: str) -> int:
+    """What the data segments of the namespace of ``key`` hold now."""
+    used = 0
+    for name in names(f"{key}."):
+        with contextlib.suppress(OSError):
+            used += os.stat(SHM_DIR / name, follow_symlinks=False).st_size
+    return used
+
+
 def reap(key: str | None = None) -> list[str]:
     """Unlink what dead owners left (of the namespace of ``key``, or of
     every namespace of this user's): their segments and their locks; and
@@ -151,7 +174,7 @@ def reap(key: str | None = None) -> list[str]:
     """
     written: list[tuple[str, str, str]] = []  # name, owner, writer
     locks: dict[str, list[str]] = {}  # owner: its lock files
-    for name in segments.names(f"{key}." if key else paths.SEGMENT_PREFIX):
+    for name in names(f"{key}." if key else paths.SEGMENT_PREFIX):
         if found := SEGMENT_RE.fullmatch(name):
             written.append((name, found[2], found[3]))
         elif found := LOCK_RE.fullmatch(name):

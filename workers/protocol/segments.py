@@ -364,32 +364,9 @@ def unlink(name: str) -> None:
         os.unlink(SHM_DIR / name)
 
 
-def names(prefix: str) -> Iterator[str]:
-    """The names in /dev/shm that start with ``prefix``."""
-    with contextlib.suppress(OSError), os.scandir(SHM_DIR) as entries:
-        for entry in entries:
-            if entry.name.startswith(prefix):
-                yield entry.name
-
-
-def total_bytes() -> int:
-    """The size of /dev/shm."""
-    st = os.statvfs(SHM_DIR)
-    return st.f_blocks * st.f_frsize
-
-
 def free_bytes() -> int:
     st = os.statvfs(SHM_DIR)
     return st.f_bavail * st.f_frsize
-
-
-def used_bytes(key: str) -> int:
-    """What the data segments of the namespace of ``key`` hold now."""
-    used = 0
-    for name in names(f"{key}."):
-        with contextlib.suppress(OSError):
-            used += os.stat(SHM_DIR / name, follow_symlinks=False).st_size
-    return used
 
 
 def finished(name: str) -> bool:
