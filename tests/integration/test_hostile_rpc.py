@@ -28,7 +28,7 @@ from tests.rpc import (
     value,
     worker_stub,
 )
-from workers.protocol.worker_pb2 import Task, TaskBatch
+from workers.protocol.worker_pb2 import Data, Part, Segment, Task, TaskBatch
 
 pytestmark = pytest.mark.integration
 
@@ -41,6 +41,14 @@ _INT_CODE = pickle.dumps(42)
 
 def _digest(code: bytes) -> bytes:
     return hashlib.sha256(code).digest()
+
+
+def _data(segment: str) -> Data:
+    """Arguments said to lie in the segment ``segment``."""
+    return Data(
+        segments=[Segment(name=segment, nonce=1, size=8192)],
+        parts=[Part(segment=0, offset=4096, length=10)],
+    )
 
 
 # (task, status, an anchored piece of the message)
@@ -112,6 +120,25 @@ BAD_TASKS = [
         "timeout_s must be a finite number",
     ),
     (Task(function="tests.sample_tasks:fail", args=call("boom")), S.UNKNOWN, "boom"),
+    # Arguments said to lie in shared memory (workers/protocol/payload.py).
+    (
+        Task(function=SQUARE, data=_data("../../etc/passwd")),
+        S.NOT_FOUND,
+        "is not the name of a shm-pool data segment",
+    ),
+    (
+        Task(
+            function=SQUARE,
+            data=_data(f"{'shmp-' + '0' * 24}.{'1' * 16}.{'1' * 16}.a-1"),
+        ),
+        S.NOT_FOUND,
+        "is not in /dev/shm",
+    ),
+    (
+        Task(function=SQUARE, data=Data(pickle=call(3), parts=[Part(segment=7)])),
+        S.INVALID_ARGUMENT,
+        "arguments do not unpickle",
+    ),
     # Functions shipped by value (workers/shipping.py).
     (
         Task(digest=_digest(_SQUARE_CODE), args=call(2)),
