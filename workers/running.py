@@ -18,7 +18,6 @@ from workers.offload import Offload
 from workers.protocol import codec
 from workers.protocol.errors import BadTask
 from workers.protocol.owners import DataOwner
-from workers.protocol.payload import Sink
 from workers.protocol.stream import Incoming
 from workers.protocol.worker_pb2 import Data, Failure, Result, Task
 
@@ -109,7 +108,7 @@ def run_plain(entry: Entry, max_args_bytes: int, writer: DataOwner | None) -> Re
         try:
             value = fn(*args, **kwargs)
             del args, kwargs  # (their shared memory is unmapped before the answer)
-            return codec.value_result(task.id, value, Sink.of(writer, task.home))
+            return codec.value_result(task.id, value, writer, task.home)
         except BaseException as exc:  # a task's SystemExit must not end the worker
             return failed(task.id, codec.failure_of(exc))
     except BaseException as exc:  # failure_of never raises; this is a last guard
@@ -137,10 +136,10 @@ async def run_coroutine(
             call = codec.load_call(args, max_args_bytes)
         value = await fn(*call[0], **call[1])
         del call
-        sink = Sink.of(writer, task.home)
-        if sink is not None:  # (it may write a large value: off the loop)
-            return await offload.run(codec.value_result, task.id, value, sink)
-        return codec.value_result(task.id, value, None)
+        staged = codec.pickle_value(task.id, value, writer, task.home)
+        if isinstance(staged, Result):
+            return staged
+        return await offload.run(codec.write_value, task.id, *staged)  # (large)
     except asyncio.CancelledError:
         raise
     except BadTask as exc:

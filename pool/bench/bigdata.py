@@ -217,3 +217,69 @@ def fan_out_memory(a: Any, n: int, workers: int, *, put: bool) -> float:
             sampler.join()
         grown = max(0, _status_kb("VmHWM") - before) * 1024
         return float((grown + peak[0]) / a.nbytes)
+
+
+# -- the large-data rows of `pool bench --peers` -------------------------------
+
+BENCH_WORKERS: Final = 2
+BENCH_BYTES: Final = 256 * MB
+FAN_OUT_BYTES: Final = 128 * MB
+FAN_OUT_TASKS: Final = 16
+
+
+def bench(workers: int, runs: int) -> dict[str, dict[str, float]]:
+    """Seconds, by pool then figure: the three scenarios at 256 MB, and a
+    128 MB array to 16 tasks (put once where the pool can, else ``map``)."""
+    names = [OURS, *(p for p in PEERS if available(p))]
+    a = array(FAN_OUT_BYTES)
+    results: dict[str, dict[str, float]] = {}
+    for name in names:
+        with opened(name, workers) as runner:
+            figures = {s.key: timed(runner, s, BENCH_BYTES, runs) for s in SCENARIOS}
+            fan = max(1, runs // 2)
+            figures["map"] = fan_out_s(runner, a, FAN_OUT_TASKS, fan, put=False)
+            if hasattr(runner, "fan_out_put"):
+                figures["put"] = fan_out_s(runner, a, FAN_OUT_TASKS, fan, put=True)
+        results[name] = figures
+    return results
+
+
+def bench_table(results: dict[str, dict[str, float]], workers: int, runs: int) -> Any:
+    """The rows as a rich Table: seconds, and each peer's time over ours."""
+    from rich.table import Table
+
+    peers = [name for name in results if name != OURS]
+    grid = Table(
+        title=f"large data (numpy float64), {workers} workers each, one task at a "
+        f"time, median of {runs}; ratio: the peer's time over ours",
+        title_justify="left",
+    )
+    grid.add_column("figure")
+    for name in (OURS, *peers):
+        grid.add_column(name, justify="right")
+        if name != OURS:
+            grid.add_column("ratio", justify="right")
+    rows = [(s.key, f"{BENCH_BYTES // MB} MB {s.label}") for s in SCENARIOS]
+    fan = f"{FAN_OUT_BYTES // MB} MB to {FAN_OUT_TASKS} tasks"
+    rows += [("put", f"{fan}: put once"), ("map", f"{fan}: map over \\[a] * n")]
+    ours = results[OURS]
+    for key, label in rows:
+        row = [label, f"{ours[key]:.3f} s"]
+        for peer in peers:
+            theirs = results[peer].get(key)
+            row += (
+                ["-", ""]
+                if theirs is None
+                else [f"{theirs:.3f} s", f"{theirs / ours[key]:.1f}x"]
+            )
+        grid.add_row(*row)
+    missing = [p for p in PEERS if p not in results]
+    grid.caption = (
+        "loky: joblib's memmapping executor; Ray: ray.init(num_cpus=workers)"
+        + (
+            f"; not installed: {', '.join(missing)} (the `bench` extra)"
+            if missing
+            else ""
+        )
+    )
+    return grid

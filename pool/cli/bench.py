@@ -15,8 +15,10 @@ Run the standard benchmark set (start, round trip, submit and map
 throughput, CPU-bound work, memory, replacement of a killed worker) against
 a pool started in this process, or a running one with --namespace, and
 print medians; with --peers, beside ProcessPoolExecutor and
-multiprocessing.Pool of as many workers, as ratios. See benchmarks/README.md
-for what each figure means.
+multiprocessing.Pool of as many workers, as ratios, then large data (256 MB
+arrays in and out, one 128 MB array to 16 tasks) through a pool of 2 workers
+beside ProcessPoolExecutor, loky and Ray (those the `bench` extra
+installed). See benchmarks/README.md for what each figure means.
 """
 NAMESPACE_HELP = """measure this running pool (default: start one in this
 process; start, replacement and CPU-bound figures need that)"""
@@ -72,6 +74,14 @@ def run_bench(args: argparse.Namespace) -> int:
     console = Console()
     results = suite.run(settings, console)
     console.print(suite.table(results, settings))
+    if args.peers and importlib.util.find_spec("numpy") is None:
+        console.print("large data left out: it needs numpy (the `bench` extra)")
+    elif args.peers and args.namespace is None:
+        from pool.bench import bigdata
+
+        with console.status("large data: shm-pool and its peers"):
+            large = bigdata.bench(bigdata.BENCH_WORKERS, args.runs)
+        console.print(bigdata.bench_table(large, bigdata.BENCH_WORKERS, args.runs))
     if args.chart:
         suite.chart(results, args.chart)
         console.print(f"chart: {args.chart}")

@@ -27,12 +27,12 @@ RELEASED: Final = (
     "this ObjectRef was released (or its client closed); put the object "
     "again with client.put(obj)"
 )
-_current = threading.local()  # .packing: the Packing under way in a thread
+current = threading.local()  # .packing: the Packing under way in a thread
 
 
 class Packing(Buffers):
     """One pickling by a client's store: its out-of-band buffers, and the
-    references it names. Current in its thread while it runs."""
+    references it names; ``current.packing`` in its thread while it runs."""
 
     __slots__ = ("refs", "store")
 
@@ -40,13 +40,6 @@ class Packing(Buffers):
         self.taken = []  # (Buffers.__init__, inline: once per task)
         self.store = store
         self.refs: list[ObjectRef] = []
-
-    def __enter__(self) -> Packing:
-        _current.packing = self
-        return self
-
-    def __exit__(self, *exc_info: object) -> None:
-        _current.packing = None
 
     def clear(self) -> None:
         super().clear()
@@ -80,7 +73,7 @@ class ObjectRef:
     def __reduce__(self) -> tuple[Any, tuple[bytes]]:
         if self.released:
             raise ValueError(RELEASED)
-        packing: Packing | None = getattr(_current, "packing", None)
+        packing: Packing | None = getattr(current, "packing", None)
         if packing is not None:
             if packing.store is not self._store:
                 raise ValueError(

@@ -33,10 +33,11 @@ from typing import Any, Final
 
 from pool.client.arena import Arena
 from pool.client.copies import Copies
-from pool.client.refs import RELEASED, ObjectRef, Packing
+from pool.client.refs import RELEASED, ObjectRef, Packing, current
 from workers.protocol import owners, payload, segments, shipping
 from workers.protocol.errors import SharedMemoryFull
 from workers.protocol.owners import DataOwner
+from workers.protocol.payload import INLINE_MAX
 from workers.protocol.segments import SEGMENT_RE, Written
 from workers.protocol.worker_pb2 import Data, Home, Segment, Task
 
@@ -93,11 +94,17 @@ class Store:
         :raises Exception: whatever pickling raises.
         """
         packing = Packing(self)
-        with packing:
+        current.packing = packing
+        try:
             pickled = shipping.dumps(value, by_value=by_value, out_of_band=packing)
-        if not (packing.refs or packing.taken) and len(pickled) < payload.INLINE_MAX:
+        finally:
+            current.packing = None
+        if not (packing.refs or packing.taken) and len(pickled) < INLINE_MAX:
             # (The small task's path: nothing held, no lock taken.)
-            return pickled, self._plain(key)
+            hold = self._plain_holds.get(key)
+            if hold is None or self._values.get(key):
+                hold = self._plain(key)
+            return pickled, hold
         names = self._hold_refs(packing.refs)
         packed: bytes | Data = pickled
         try:
@@ -121,11 +128,10 @@ class Store:
             task.args = packed
         else:
             task.data.CopyFrom(packed)
-        home = task.home
-        home.MergeFrom(self._home)
-        home.tag = task.id
+        task.home.MergeFrom(self._home)
+        task.home.tag = task.id
         if hold.lend is not None:
-            home.lend.CopyFrom(hold.lend)
+            task.home.lend.CopyFrom(hold.lend)
         return hold
 
     def _plain(self, key: str) -> Hold:

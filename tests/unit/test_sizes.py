@@ -9,7 +9,7 @@ from workers.protocol import codec
 from workers.protocol.errors import ArgumentsTooLarge, RemoteError, ResultTooLarge
 from workers.protocol.outbox import MAX_BATCH_BYTES, Outbox
 from workers.protocol.stream import Outgoing
-from workers.protocol.worker_pb2 import Result, Task
+from workers.protocol.worker_pb2 import Home, Result, Task
 
 pytestmark = pytest.mark.timeout(20)
 
@@ -60,7 +60,7 @@ def test_a_result_over_a_message_is_result_too_large_without_shared_memory() -> 
     """For a client of another machine (no sink), a result over a message
     is refused."""
     with pytest.raises(ResultTooLarge, match="by reference"):
-        codec.value_result(1, b"x" * (codec.MAX_ARGS_LIMIT + 1), None)
+        codec.value_result(1, b"x" * (codec.MAX_ARGS_LIMIT + 1), None, Home())
 
 
 def test_arguments_over_a_message_are_refused_before_sending() -> None:

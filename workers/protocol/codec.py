@@ -40,7 +40,8 @@ from workers.protocol.errors import (
     ResultTooLarge,
     TaskIdReused,
 )
-from workers.protocol.worker_pb2 import Data, Failure, Result, Task
+from workers.protocol.owners import DataOwner
+from workers.protocol.worker_pb2 import Data, Failure, Home, Result, Task
 
 MAX_MESSAGE_BYTES: Final = 128 * 1024 * 1024  # gRPC's limit, each way
 # One task's arguments, or one result, must fit a message with room for the
@@ -118,21 +119,44 @@ def load_call(
     return call
 
 
-def value_result(task_id: int, value: Any, sink: payload.Sink | None) -> Result:
+Staged = tuple[payload.Sink, bytes, list[memoryview]]  # a value to write
+
+
+def value_result(
+    task_id: int, value: Any, writer: DataOwner | None, home: Home
+) -> Result:
     """The Result carrying a return value: pickled in the message, or, when
-    large and ``sink`` says where, in the client's shared memory (cloudpickle
-    when plain pickle refuses it, as it does an object of a class shipped
-    by value).
+    large and the task's ``home`` is a client of this machine, written into
+    the client's shared memory by ``writer`` (cloudpickle when plain pickle
+    refuses it, as it does an object of a class shipped by value).
 
     :raises SharedMemoryFull: if it does not fit the shared memory left.
-    :raises ResultTooLarge: if it does not fit a message (and has no sink).
+    :raises ResultTooLarge: if it does not fit a message (and has no home).
     """
-    if sink is None:
+    staged = pickle_value(task_id, value, writer, home)
+    return staged if isinstance(staged, Result) else write_value(task_id, *staged)
+
+
+def pickle_value(
+    task_id: int, value: Any, writer: DataOwner | None, home: Home
+) -> Result | Staged:
+    """:func:`value_result`'s first half: the Result, if the value goes in
+    the message; else what :func:`write_value` writes (the slow half)."""
+    if writer is None or not home.owner:
         return Result(id=task_id, value=dump_value(value))
     pickled, buffers = payload.dumps(value)
     if payload.in_message(pickled, buffers):
         return Result(id=task_id, value=pickled)
-    parts = [buffer.raw() for buffer in buffers.taken]
+    sink = payload.Sink.of(writer, home)
+    if sink is None:  # (a client of another machine)
+        return Result(id=task_id, value=dump_value(value))
+    return sink, pickled, [buffer.raw() for buffer in buffers.taken]
+
+
+def write_value(
+    task_id: int, sink: payload.Sink, pickled: bytes, parts: list[memoryview]
+) -> Result:
+    """:func:`value_result`'s second half: the value into shared memory."""
     data = payload.write(sink.writer, sink.name(), pickled, parts, sink.lend)
     return Result(id=task_id, data=data)
 
