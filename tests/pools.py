@@ -59,6 +59,11 @@ class RunningPool:
         """The next line starting with ``prefix`` (skipping others)."""
         return self.lines.wait_for(prefix, timeout_s)
 
+    def dispatcher_pid(self) -> int:
+        """The pid of its dispatcher (the last started, as its lines say)."""
+        started = [s for s in self.lines.seen if s.startswith("dispatcher-started ")]
+        return int(started[-1].split("pid=")[1])
+
     def stop(self, signum: int = signal.SIGINT, timeout_s: float = 60.0) -> int:
         if self.proc.poll() is None:
             self.proc.send_signal(signum)

@@ -15,7 +15,7 @@ from pool.client.rendezvous import locate
 from pool.dispatcher_pb2_grpc import DispatcherStub
 from workers.protocol import auth, codec
 from workers.protocol.worker_pb2 import Result, Task, TaskBatch
-from workers.protocol.worker_pb2_grpc import WorkerStub
+from workers.protocol.worker_pb2_grpc import TransfersStub, WorkerStub
 from workers.serving import GRPC_OPTIONS
 
 SQUARE = "tests.sample_tasks:square"
@@ -53,6 +53,18 @@ def dispatcher_stub(namespace: str) -> Iterator[tuple[DispatcherStub, Any]]:
     metadata = auth.call_metadata(token)
     with grpc.insecure_channel(address, options=GRPC_OPTIONS) as channel:
         yield DispatcherStub(channel), metadata  # type: ignore[no-untyped-call]
+
+
+@contextmanager
+def transfers_stub(namespace: str, *, at: str) -> Iterator[tuple[TransfersStub, Any]]:
+    """A stub of the Transfers service of the namespace's first worker
+    (``at="worker"``) or of its dispatcher, and the token's metadata."""
+    if at == "worker":
+        address, token = list_workers(namespace)[0].address, auth.read_token(namespace)
+    else:
+        address, token = locate(namespace)
+    with grpc.insecure_channel(address, options=GRPC_OPTIONS) as channel:
+        yield TransfersStub(channel), auth.call_metadata(token)  # type: ignore[no-untyped-call]
 
 
 def run(

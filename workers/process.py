@@ -47,7 +47,7 @@ from workers.limits import (
     rss_bytes,
     warn_if_under_baseline,
 )
-from workers.protocol import auth, worker_pb2_grpc
+from workers.protocol import auth, transfer, worker_pb2_grpc
 from workers.protocol.owners import DataOwner
 from workers.service import WorkerService
 from workers.settings import WorkerSettings
@@ -125,6 +125,7 @@ async def _serve(config: WorkerSettings, stopper: serving.Stopper) -> None:
         interceptors=[auth.CallInterceptor(token)], options=serving.GRPC_OPTIONS
     )
     worker_pb2_grpc.add_WorkerServicer_to_server(service, server)  # type: ignore[no-untyped-call]
+    worker_pb2_grpc.add_TransfersServicer_to_server(transfer.HeldService(), server)  # type: ignore[no-untyped-call]
     health_service = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_service, server)
     address, socket_path = serving.bind(
@@ -192,6 +193,9 @@ async def _registered(
         await health_service.enter_graceful_shutdown()
         await publisher.publish("worker-updated", reporter.current())
         await _drain(service, config.grace_s)
+        # (Values held for clients of other machines: fetched through the
+        # dispatcher, which finds this worker until it is dropped.)
+        await transfer.HELD.wait_fetched(config.grace_s)
         service.end_streams()
 
 

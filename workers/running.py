@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 from workers.offload import Offload
-from workers.protocol import codec
+from workers.protocol import codec, transfer
 from workers.protocol.errors import BadTask
 from workers.protocol.owners import DataOwner
 from workers.protocol.stream import Incoming
@@ -42,6 +42,12 @@ class Stream(Incoming["Entry"]):
         # Callables being found (by name and digest), and the tasks waiting.
         self.finding: dict[tuple[str, bytes], list[Entry]] = {}
 
+    def answer(self, task_id: int, result: Result | None) -> None:
+        entry = self.entries[task_id]
+        super().answer(task_id, result)
+        if entry.uploaded:
+            transfer.ARRIVED.release(entry.uploaded)
+
 
 @dataclass(eq=False, slots=True)
 class Entry:
@@ -63,6 +69,15 @@ class Entry:
     taken: bool = False
     answered: bool = False  # (plain tasks: set under the claim lock)
     stuck: bool = False  # answered while its thread still runs it
+    # The token of its arguments, if a client of another machine uploads
+    # them (workers.protocol.transfer): held here until it is answered.
+    uploaded: bytes = b""
+
+    def __post_init__(self) -> None:
+        task = self.task
+        if task.HasField("data") and task.data.HasField("transfer"):
+            self.uploaded = task.data.transfer.token
+            transfer.ARRIVED.claim(self.uploaded)
 
 
 class News:

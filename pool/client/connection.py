@@ -1,12 +1,13 @@
 """A client's stream of tasks to its pool's dispatcher.
 
-:class:`Ledger` is the bookkeeping, with no I/O: the tasks sent and not
-answered, what is still to be written (submissions and cancels), and what
-each answer means for its :class:`Handler` (``started``: a worker started
-the task; ``resolve``: its result). :class:`Connection` runs it over one
-``SubmitStream`` at a time, on the loop that made it, in :meth:`run`: a
-task group of a sender (everything outgoing in one message, as soon as the
-previous write is done) and the reader of answers.
+:class:`Connection` runs its :class:`~pool.client.ledger.Ledger` (the
+bookkeeping, with no I/O) over one ``SubmitStream`` at a time, on the
+loop that made it, in :meth:`run`: a task group of a sender (everything
+outgoing in one message, as soon as the previous write is done), the
+reader of answers, and, with workers of another machine, a fetch of each
+value too large for a message that one holds for us, and an upload of a
+task's large arguments to each one the task is sent to
+(:mod:`workers.protocol.transfer`).
 
 When the stream breaks (the supervisor restarts a dispatcher that died),
 it reconnects, with back-off, for up to ``reconnect_s``, and sends again
@@ -21,117 +22,30 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Final, Protocol
+from typing import Final
 
 import grpc
 from grpc import aio
 
 from discovery import WorkerInfo
 from pool import dispatcher_pb2_grpc
+from pool.client.ledger import Handler, Ledger
 from pool.client.rendezvous import WRONG_TOKEN, Locator, Target
 from pool.client.store import SWEEP_S, Store
 from pool.dispatcher_pb2 import ListWorkersRequest, Submission, SubmissionBatch
 from pool.errors import PoolError, PoolNotRunning, PoolRefused, ProtocolMismatch
 from workers.offload import Offload
-from workers.protocol import auth, codec, segments
+from workers.protocol import auth, codec, segments, transfer
 from workers.protocol.owners import DataOwner
-from workers.protocol.stream import Outgoing
-from workers.protocol.worker_pb2 import Result, ResultBatch, Task
+from workers.protocol.worker_pb2 import FetchRequest, Result, ResultBatch, Want
+from workers.protocol.worker_pb2_grpc import TransfersStub
 from workers.serving import GRPC_OPTIONS
 
 RECONNECT_S: Final = 30.0  # how long a client waits for a restarted dispatcher
 RECONNECT_FIRST_S: Final = 0.05
 SLOTS_TIMEOUT_S: Final = 10.0  # for the dispatcher's answer to ListWorkers
-
-
-class Handler(Protocol):
-    """The caller's side of one task."""
-
-    def started(self) -> None:
-        """A worker has started the task (called at most once per send)."""
-
-    def resolve(self, result: Result) -> None:
-        """The task's result, or its failure (called once)."""
-
-
-class Ledger:
-    """The tasks a connection has sent and not heard the end of, and the
-    sending half of its stream (:class:`~workers.protocol.stream.Outgoing`)."""
-
-    def __init__(
-        self, wake: asyncio.Event | None = None, store: Store | None = None
-    ) -> None:
-        # By id: the submission, who hears of it, its function's pickle.
-        self._pending: dict[int, tuple[Submission, Handler, bytes]] = {}
-        self._store = store
-        self._cancelled: set[int] = set()  # asked for, not yet answered
-        self.outgoing: Outgoing[Submission] = Outgoing(_task_of, wake)
-
-    def new_stream(self) -> None:
-        """A stream starts: it has carried no function yet."""
-        self.outgoing.new_stream()
-
-    def __len__(self) -> int:
-        return len(self._pending)
-
-    def __contains__(self, task_id: object) -> bool:
-        return task_id in self._pending
-
-    def add(self, submission: Submission, handler: Handler, code: bytes = b"") -> None:
-        """Send a task; ``code`` is its function's pickle if it ships one."""
-        self._pending[submission.task.id] = (submission, handler, code)
-        self.outgoing.add(submission, code)
-
-    def cancel(self, task_id: int) -> None:
-        """Cancel a pending task: here if it was not written yet, else ask
-        the dispatcher (its answer comes then)."""
-        if self.outgoing.withdraw(task_id):
-            _, handler, _ = self._pending.pop(task_id)
-            handler.resolve(Result(id=task_id, failure=codec.cancelled()))
-        elif task_id in self._pending and task_id not in self._cancelled:
-            self._cancelled.add(task_id)
-            self.outgoing.cancel(task_id)
-
-    def batches(self) -> Iterator[SubmissionBatch]:
-        """What is to be written, in messages of at most MAX_BATCH_TASKS."""
-        for submissions, cancels in self.outgoing.take():
-            yield SubmissionBatch(submissions=submissions, cancel=cancels)
-
-    def on_batch(self, batch: ResultBatch) -> None:
-        for task_id in batch.started:
-            if (entry := self._pending.get(task_id)) is not None:
-                entry[1].started()
-        for result in batch.results:
-            if (entry := self._pending.pop(result.id, None)) is not None:
-                self._cancelled.discard(result.id)
-                entry[1].resolve(result)
-            elif self._store is not None and result.HasField("data"):
-                self._store.discard(result.data)  # (nobody will read it)
-
-    def resend_all(self) -> None:
-        """After a lost stream: every unanswered task goes out again, but
-        those cancelled meanwhile are answered here."""
-        for task_id in self._cancelled:
-            if (entry := self._pending.pop(task_id, None)) is not None:
-                entry[1].resolve(Result(id=task_id, failure=codec.cancelled()))
-        self._cancelled.clear()
-        self.outgoing.clear()
-        for submission, _, code in self._pending.values():
-            self.outgoing.add(submission, code)
-
-    def fail_all(self, error: PoolError) -> None:
-        pending, self._pending = self._pending, {}
-        self.outgoing.clear()
-        self._cancelled.clear()
-        failure = codec.failure_of(error, remote=False)
-        for task_id, (_, handler, _) in pending.items():
-            handler.resolve(Result(id=task_id, failure=failure))
-
-
-def _task_of(submission: Submission) -> Task:
-    return submission.task
 
 
 @dataclass(frozen=True)
@@ -272,11 +186,19 @@ class Connection:
         self.ledger.new_stream()
         stub = dispatcher_pb2_grpc.DispatcherStub(channel)  # type: ignore[no-untyped-call]
         self._call = call = stub.SubmitStream(metadata=auth.call_metadata(target.token))
+        transfers = TransfersStub(channel)  # type: ignore[no-untyped-call]
+
+        def fetch(result: Result) -> None:
+            group.create_task(self._fetch(transfers, target.token, result))
+
+        def upload(want: Want) -> None:
+            group.create_task(self._upload(transfers, target.token, want))
+
         try:
             async with asyncio.TaskGroup() as group:
                 sending = group.create_task(self._send(call))
                 try:
-                    served, failed = await self._receive(call)
+                    served, failed = await self._receive(call, fetch, upload)
                 finally:
                     sending.cancel()
         finally:
@@ -318,16 +240,23 @@ class Connection:
         return sum(info.capacity for info in infos if info.status == "ready")
 
     async def _receive(
-        self, call: aio.StreamStreamCall[SubmissionBatch, ResultBatch]
+        self,
+        call: aio.StreamStreamCall[SubmissionBatch, ResultBatch],
+        fetch: Callable[[Result], None],
+        upload: Callable[[Want], None],
     ) -> tuple[bool, aio.AioRpcError | None]:
-        """Read answers until the stream ends: whether it reached the
-        dispatcher, and the error it ended with."""
+        """Read answers until the stream ends (``fetch`` what a worker of
+        another machine holds, ``upload`` what one wants): whether it
+        reached the dispatcher, and the error it ended with."""
         served = False
         try:
             await call.wait_for_connection()
             served = True
             async for batch in call:
-                self.ledger.on_batch(batch)
+                for result in self.ledger.on_batch(batch):
+                    fetch(result)
+                for want in batch.wants:
+                    upload(want)
                 if self._closing and not len(self.ledger):
                     self._wake.set()  # the sender ends our side of the stream
         except aio.AioRpcError as exc:
@@ -338,6 +267,31 @@ class Connection:
                 raise  # this task is being cancelled
             # grpc raises CancelledError out of a call that close() hung up
         return served, None
+
+    async def _fetch(self, stub: TransfersStub, token: str, result: Result) -> None:
+        """Fetch a value a worker holds for us, through the dispatcher; the
+        ledger hears how it went."""
+        held = result.data.transfer
+        request = FetchRequest(token=held.token, source=held.source)
+        try:
+            chunks = stub.Fetch(request, metadata=auth.call_metadata(token))
+            fetched: bytearray | Exception = await transfer.receive(chunks, held.size)
+        except Exception as exc:  # (RPC errors, DataGone: the ledger says)
+            fetched = exc
+        self.ledger.fetched(result, fetched)
+        if self._closing and not len(self.ledger):
+            self._wake.set()
+
+    async def _upload(self, stub: TransfersStub, token: str, want: Want) -> None:
+        """Upload a task's arguments to the worker that wants them, through
+        the dispatcher. If that fails, the worker answers the task (the
+        dispatcher sends it elsewhere, or it fails) without them."""
+        if (offered := self.ledger.offered(want.id)) is None:
+            return  # (answered meanwhile)
+        data, parts = offered
+        chunks = transfer.upload_chunks(data.transfer, want.source, parts)
+        with contextlib.suppress(aio.AioRpcError):
+            await stub.Upload(chunks, metadata=auth.call_metadata(token))
 
     def _refusal(self, exc: aio.AioRpcError) -> PoolError | None:
         """The error that ends every task for good, if the pool refused us."""

@@ -18,7 +18,7 @@ from discovery import backends, paths
 from pool.client.rendezvous import Locator
 from pool.client.store import HOLD_NOTHING, Hold, Store
 from pool.dispatcher_pb2 import Submission
-from workers.protocol import codec, payload, shipping
+from workers.protocol import codec, payload, shipping, transfer
 from workers.protocol.worker_pb2 import Result
 
 # map's adaptive chunks (see Client.map): the first calls go one per task,
@@ -48,6 +48,11 @@ def outcome(result: Result, store: Store | None = None, key: str = "") -> Any:
     if result.HasField("failure"):
         raise codec.exception_of(result.failure)
     if result.HasField("data"):
+        if transfer.is_transfer(result.data):  # (fetched from another machine)
+            fetched = transfer.ARRIVED.take(result.data)
+            if fetched is None:
+                raise RuntimeError("a value to fetch, not fetched")
+            return transfer.loads(result.data, fetched)
         if store is None:
             raise RuntimeError("a value in shared memory, for a client without")
         return store.adopt(result.data, key)
@@ -55,9 +60,13 @@ def outcome(result: Result, store: Store | None = None, key: str = "") -> Any:
 
 
 def dropped(result: Result, store: Store | None) -> None:
-    """A result nobody will read: what it holds in shared memory goes."""
-    if store is not None and result.HasField("data"):
-        store.discard(result.data)
+    """A result nobody will read: what it holds in shared memory goes (and
+    what was fetched of it)."""
+    if result.HasField("data"):
+        if transfer.is_transfer(result.data):
+            transfer.ARRIVED.take(result.data)
+        elif store is not None:
+            store.discard(result.data)
 
 
 Args = tuple[Any, ...]  # a call's positional arguments
@@ -120,7 +129,7 @@ class Submissions:
         its arguments hold in shared memory (through ``store``, when the
         pool shares this machine's) until it is answered.
 
-        :raises ArgumentsTooLarge: if the task would not fit a message.
+        :raises ArgumentsTooLarge: if its function would not fit a message.
         :raises SharedMemoryFull: if its arguments do not fit shared memory.
         :raises Exception: whatever pickling the arguments raises.
         """
@@ -130,8 +139,11 @@ class Submissions:
         hold = HOLD_NOTHING
         if store is None:
             pickled = codec.dump_call(args, dict(kwargs), by_value=ref.by_value)
-            codec.check_call_size(pickled, ref.code)
-            task.args = pickled
+            if len(pickled) >= transfer.TRANSFER_MIN:  # (uploaded when wanted)
+                task.data.CopyFrom(transfer.OFFERED.hold(pickled))
+            else:
+                codec.check_call_size(pickled, ref.code)
+                task.args = pickled
         else:
             key = ref.name or ref.digest.hex()
             hold = store.pack_task(task, (args, dict(kwargs)), ref.by_value, key)

@@ -7,12 +7,12 @@ carry). A link's end is the end of its ``run``.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import AsyncIterator, Callable, Iterable
 from dataclasses import dataclass
 from typing import Literal, Protocol
 
 from discovery import WorkerInfo
-from workers.protocol.worker_pb2 import Result, Task
+from workers.protocol.worker_pb2 import Chunk, FetchRequest, Result, Task
 
 Withdrawal = Literal["cancel", "requeue"]
 
@@ -22,6 +22,9 @@ class Owner(Protocol):
 
     def on_started(self, job: Job) -> None: ...
     def on_result(self, job: Job, result: Result) -> None: ...
+    def on_wanted(self, job: Job, source: str) -> None:
+        """The job, whose arguments its client holds, was sent to the
+        worker ``source``: ask the client to upload them there."""
 
 
 class LinkEvents(Protocol):
@@ -64,6 +67,11 @@ class Link(Protocol):
     def cancel(self, task_id: int) -> None: ...
     async def run(self) -> None: ...
     def close(self) -> None: ...
+    def fetch(self, request: FetchRequest) -> AsyncIterator[Chunk]:
+        """A value its worker holds (:mod:`workers.protocol.transfer`)."""
+
+    async def upload(self, chunks: AsyncIterator[Chunk]) -> None:
+        """A task's arguments, to its worker."""
 
 
 @dataclass(eq=False, slots=True)

@@ -26,6 +26,7 @@ import asyncio
 import logging
 import math
 import time
+from collections.abc import AsyncIterator, Iterable
 from typing import Final
 
 import grpc
@@ -35,8 +36,15 @@ from discovery import WorkerInfo
 from pool.dispatcher.jobs import Connect, Job, LinkEvents
 from workers.protocol import auth
 from workers.protocol.stream import Outgoing
-from workers.protocol.worker_pb2 import ResultBatch, Task, TaskBatch
-from workers.protocol.worker_pb2_grpc import WorkerStub
+from workers.protocol.worker_pb2 import (
+    Chunk,
+    FetchRequest,
+    Result,
+    ResultBatch,
+    Task,
+    TaskBatch,
+)
+from workers.protocol.worker_pb2_grpc import TransfersStub, WorkerStub
 from workers.serving import GRPC_OPTIONS, TLS_KEY
 
 log = logging.getLogger("pool.dispatcher")
@@ -70,6 +78,7 @@ class WorkerLink:
         self._tls = tls  # for a worker that serves TLS ("tls" in its extra)
         self._outgoing: Outgoing[Job] = Outgoing(_task_of)
         self._call: aio.StreamStreamCall[TaskBatch, ResultBatch] | None = None
+        self._channel: aio.Channel | None = None  # while run() runs
 
     @classmethod
     def connector(
@@ -113,9 +122,13 @@ class WorkerLink:
         job.withdrawing = None
         if not self.in_flight:  # idle until now: its answers are not late
             self.answered_at = time.monotonic()
-        job.task.attempt = job.attempts + 1
-        self.in_flight[job.task.id] = job
+        task = job.task
+        task.attempt = job.attempts + 1
+        self.in_flight[task.id] = job
         self._outgoing.add(job, job.code)
+        if task.HasField("data") and task.data.HasField("transfer"):
+            # (Its client holds its arguments: they are uploaded to here.)
+            job.owner.on_wanted(job, str(self.info.uid))
 
     def withdraw(self, job: Job) -> bool:
         """Take back a task not written to the worker yet; True if it was."""
@@ -132,6 +145,7 @@ class WorkerLink:
             channel = aio.secure_channel(self.info.address, tls, options=GRPC_OPTIONS)
         else:
             channel = aio.insecure_channel(self.info.address, options=GRPC_OPTIONS)
+        self._channel = channel
         try:
             stub = WorkerStub(channel)  # type: ignore[no-untyped-call]
             self._call = stub.Run(metadata=auth.call_metadata(self._token))
@@ -143,7 +157,33 @@ class WorkerLink:
                     sending.cancel()
         finally:
             self._ended = True
+            self._channel = None
             await channel.close()
+
+    def fetch(self, request: FetchRequest) -> AsyncIterator[Chunk]:
+        """A value the worker holds, a chunk at a time (over the stream's
+        channel: TLS where the stream is).
+
+        :raises LookupError: if the stream to the worker has ended.
+        """
+        if self._channel is None:
+            raise LookupError(f"{self.describe()} is not linked")
+        stub = TransfersStub(self._channel)  # type: ignore[no-untyped-call]
+        call: AsyncIterator[Chunk] = stub.Fetch(
+            request, metadata=auth.call_metadata(self._token)
+        )
+        return call
+
+    async def upload(self, chunks: AsyncIterator[Chunk]) -> None:
+        """A task's arguments, to the worker, as they come.
+
+        :raises LookupError: if the stream to the worker has ended.
+        :raises grpc.aio.AioRpcError: if the worker does not take them.
+        """
+        if self._channel is None:
+            raise LookupError(f"{self.describe()} is not linked")
+        stub = TransfersStub(self._channel)  # type: ignore[no-untyped-call]
+        await stub.Upload(chunks, metadata=auth.call_metadata(self._token))
 
     def close(self) -> None:
         """End the stream; :meth:`run` returns soon after. Never raises."""
@@ -184,11 +224,19 @@ class WorkerLink:
                     events.on_started(self, batch.started)
                 if batch.results:
                     self.answered_at = time.monotonic()
+                    self._name_holder(batch.results)
                     if batch.pace_us:
                         self.pace_s = batch.pace_us * 1e-6
                     events.on_results(self, batch.results)
         except aio.AioRpcError as exc:
             self._report(exc)
+
+    def _name_holder(self, results: Iterable[Result]) -> None:
+        """Values the worker holds for the client to fetch: name it, the
+        fetch's way back here (:mod:`workers.protocol.transfer`)."""
+        for result in results:
+            if result.HasField("data") and result.data.HasField("transfer"):
+                result.data.transfer.source = str(self.info.uid)
 
     def _time_round_trip(self, task_id: int) -> None:
         """One sample (a message's first start) of the round trip."""

@@ -49,8 +49,9 @@ from pool.dispatcher.placement import Router
 from pool.dispatcher.service import MAX_STREAM_TASKS, DispatcherService
 from pool.dispatcher.settings import DispatcherSettings
 from pool.dispatcher.telemetry import REPORT_S, Telemetry
+from pool.dispatcher.transfers import RelayService
 from workers import serving
-from workers.protocol import auth
+from workers.protocol import auth, worker_pb2_grpc
 from workers.protocol.worker_pb2 import Failure
 from workers.serving import TLS_KEY
 from workers.spec import parse
@@ -89,6 +90,8 @@ async def serve(settings: DispatcherSettings, tls_ca: bytes | None = None) -> No
         )
         service = DispatcherService(router, min(MAX_STREAM_TASKS, settings.max_queued))
         dispatcher_pb2_grpc.add_DispatcherServicer_to_server(service, server)  # type: ignore[no-untyped-call]
+        relay = RelayService(router.links.get)
+        worker_pb2_grpc.add_TransfersServicer_to_server(relay, server)  # type: ignore[no-untyped-call]
         ready, socket_path = _bind(server, settings)
         await server.start()
         await reports.open(settings.report_fd)

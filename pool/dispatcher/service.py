@@ -28,7 +28,7 @@ from pool.dispatcher_pb2 import (
     WorkerState,
 )
 from workers.protocol.stream import Incoming
-from workers.protocol.worker_pb2 import Result, ResultBatch
+from workers.protocol.worker_pb2 import Result, ResultBatch, Want
 
 # A client stream with this many tasks in the dispatcher is not read until
 # some finish (and none is read while the router's queue is full).
@@ -51,6 +51,10 @@ class ClientStream(Incoming[Job]):
     def on_started(self, job: Job) -> None:
         if self.entries.get(job.client_id) is job:
             self.outbox.start(job.client_id)
+
+    def on_wanted(self, job: Job, source: str) -> None:
+        if self.entries.get(job.client_id) is job:
+            self.outbox.want(Want(id=job.client_id, source=source))
 
     def on_result(self, job: Job, result: Result) -> None:
         if self.entries.get(job.client_id) is not job:

@@ -24,7 +24,7 @@ from discovery import list_workers, paths
 from pool import Client, PoolNotRunning
 from tests import data_tasks
 from tests.helpers import DEADLINE_S, python_module, wait_until
-from tests.pools import RunningPool, pool_command, running_pool
+from tests.pools import pool_command, running_pool
 from workers.protocol import owners, segments
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
@@ -134,11 +134,6 @@ def test_a_worker_killed_while_it_writes_a_result_leaves_nothing_half_written(
             wait_until(lambda: not _foreign(namespace), timeout_s=DEADLINE_S)
 
 
-def _dispatcher_pid(pool: RunningPool) -> int:
-    started = [s for s in pool.lines.seen if s.startswith("dispatcher-started ")]
-    return int(started[-1].split("pid=")[1])
-
-
 def test_a_dispatcher_killed_with_20_large_tasks_in_flight_loses_none(
     namespace: str, tmp_path: Path
 ) -> None:
@@ -154,7 +149,7 @@ def test_a_dispatcher_killed_with_20_large_tasks_in_flight_loses_none(
                     client.submit(data_tasks.sum_when, str(gate), a) for a in arrays
                 ]
                 wait_until(functools.partial(_any_running, futures))
-                os.kill(_dispatcher_pid(pool), signal.SIGKILL)
+                os.kill(pool.dispatcher_pid(), signal.SIGKILL)
                 pool.lines.wait_counts(
                     {"dispatcher-exited ": 1, "dispatcher-started ": 1}, 30
                 )

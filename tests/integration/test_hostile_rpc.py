@@ -25,10 +25,19 @@ from tests.rpc import (
     run,
     run_one,
     status,
+    transfers_stub,
     value,
     worker_stub,
 )
-from workers.protocol.worker_pb2 import Data, Part, Segment, Task, TaskBatch
+from workers.protocol.worker_pb2 import (
+    Chunk,
+    Data,
+    FetchRequest,
+    Part,
+    Segment,
+    Task,
+    TaskBatch,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -261,3 +270,35 @@ def test_client_that_disconnects_mid_stream_leaves_nothing_running(
 def _running(namespace: str) -> int:
     """Tasks running on the namespace's workers, as they last published."""
     return sum(int(w.extra.get("running", "0")) for w in list_workers(namespace))
+
+
+@pytest.mark.timeout(60)
+def test_hostile_transfers_are_refused_and_harm_nothing(namespace: str) -> None:
+    """Fetches of values nobody holds, uploads that lie about their size or
+    name no worker, at a worker and at the dispatcher: each refused with its
+    status, and the pool runs on."""
+    with running_pool(namespace, "--workers", "1"):
+        with transfers_stub(namespace, at="worker") as (held, metadata):
+            with pytest.raises(grpc.RpcError) as raised:
+                list(held.Fetch(FetchRequest(token=b"x" * 16), metadata=metadata))
+            assert raised.value.code() == S.NOT_FOUND
+            for chunks, code in (
+                ([Chunk(token=b"t", size=10, data=b"abc")], S.DATA_LOSS),
+                ([Chunk(token=b"t", size=2, data=b"abc")], S.DATA_LOSS),
+                ([], S.INVALID_ARGUMENT),
+            ):
+                with pytest.raises(grpc.RpcError) as raised:
+                    held.Upload(iter(chunks), metadata=metadata, timeout=30)
+                assert raised.value.code() == code
+        with transfers_stub(namespace, at="dispatcher") as (relay, metadata):
+            for source in ("not-a-uid", "00000000-0000-0000-0000-000000000000"):
+                request = FetchRequest(token=b"x", source=source)
+                with pytest.raises(grpc.RpcError) as raised:
+                    list(relay.Fetch(request, metadata=metadata, timeout=30))
+                assert raised.value.code() == S.NOT_FOUND
+                upload = iter([Chunk(token=b"t", size=3, data=b"abc", source=source)])
+                with pytest.raises(grpc.RpcError) as raised:
+                    relay.Upload(upload, metadata=metadata, timeout=30)
+                assert raised.value.code() == S.NOT_FOUND
+        with Client(namespace) as client:
+            assert client.submit(sample_tasks.square, 7).result(timeout=30) == 49

@@ -56,20 +56,15 @@ def _clean_pool(namespace: str, subscriber: Agent | None = None) -> None:
     wait_until(lambda: not paths.namespace_dir(namespace, create=False).exists())
 
 
-def _dispatcher_pid(pool: RunningPool) -> int:
-    started = [s for s in pool.lines.seen if s.startswith("dispatcher-started ")]
-    return int(started[-1].split("pid=")[1])
-
-
 def _kill(pool: RunningPool, victim: str, rng: random.Random) -> None:
     """SIGKILL ``victim``: a part of the running pool."""
     workers = [w.pid for w in list_workers(pool.namespace)]
     pids = {
         "worker": [rng.choice(workers)],
         "workers": workers,
-        "dispatcher": [_dispatcher_pid(pool)],
+        "dispatcher": [pool.dispatcher_pid()],
         "supervisor": [pool.proc.pid],
-        "everything": [pool.proc.pid, _dispatcher_pid(pool), *workers],
+        "everything": [pool.proc.pid, pool.dispatcher_pid(), *workers],
         "nothing": [],
     }[victim]
     for pid in pids:

@@ -10,8 +10,8 @@ import threading
 import pytest
 
 from pool import PoolNotRunning, RemoteTraceback
-from pool.client.connection import Ledger
 from pool.client.core import Submissions
+from pool.client.ledger import Ledger
 from pool.client.loop import FutureHandler
 from tests import sample_tasks
 from workers.protocol import codec

@@ -21,7 +21,7 @@ from pool.dispatcher.links import MAX_AHEAD_PER_SLOT, WorkerLink
 from pool.dispatcher.placement import MAX_UNTAKEN_LOSSES, Router
 from pool.dispatcher.queue import LeastLoaded
 from workers.protocol import codec
-from workers.protocol.worker_pb2 import Result, Task
+from workers.protocol.worker_pb2 import Chunk, FetchRequest, Result, Task
 
 pytestmark = pytest.mark.timeout(10)
 
@@ -82,6 +82,12 @@ class FakeLink:
     def close(self) -> None:
         self._ended.set()
 
+    def fetch(self, request: FetchRequest) -> AsyncIterator[Chunk]:
+        raise LookupError("a played worker holds no values")
+
+    async def upload(self, chunks: AsyncIterator[Chunk]) -> None:
+        raise LookupError("a played worker takes no arguments")
+
     # -- what the test makes the worker do ------------------------------------
 
     def write(self) -> list[Job]:
@@ -116,6 +122,9 @@ class Owner:
 
     def on_started(self, job: Job) -> None:
         self.started.append(job.client_id)
+
+    def on_wanted(self, job: Job, source: str) -> None:
+        raise AssertionError("no task of these tests has its arguments held")
 
     def on_result(self, job: Job, result: Result) -> None:
         assert job.client_id not in self.results, "answered twice"

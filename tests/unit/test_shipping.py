@@ -12,8 +12,8 @@ from typing import Any
 
 import pytest
 
-from pool.client.connection import Ledger
 from pool.client.core import Submissions
+from pool.client.ledger import Ledger
 from tests import sample_tasks
 from workers import imports
 from workers.protocol import shipping

@@ -3,13 +3,16 @@ results are cut into batches by bytes, and a failure is cut to size."""
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
+from typing import Any
+
 import pytest
 
-from workers.protocol import codec
-from workers.protocol.errors import ArgumentsTooLarge, RemoteError, ResultTooLarge
+from workers.protocol import codec, payload, transfer
+from workers.protocol.errors import ArgumentsTooLarge, DataGone, RemoteError
 from workers.protocol.outbox import MAX_BATCH_BYTES, Outbox
 from workers.protocol.stream import Outgoing
-from workers.protocol.worker_pb2 import Home, Result, Task
+from workers.protocol.worker_pb2 import Chunk, Data, Home, Result, Task
 
 pytestmark = pytest.mark.timeout(20)
 
@@ -56,11 +59,47 @@ def test_a_huge_exception_fails_within_a_message() -> None:
     assert isinstance(exc, RemoteError) and "ValueError" in str(exc)
 
 
-def test_a_result_over_a_message_is_result_too_large_without_shared_memory() -> None:
-    """For a client of another machine (no sink), a result over a message
-    is refused."""
-    with pytest.raises(ResultTooLarge, match="by reference"):
-        codec.value_result(1, b"x" * (codec.MAX_ARGS_LIMIT + 1), None, Home())
+async def _fetched(data: Data) -> object:
+    """What a reader of another machine gets of a held value."""
+    parts = transfer.HELD.take(data.transfer.token)
+    assert parts is not None
+
+    async def stream() -> AsyncIterator[Chunk]:
+        for chunk in transfer.chunks(parts):
+            assert len(chunk.data) <= transfer.CHUNK_BYTES
+            yield chunk
+
+    return transfer.loads(data, await transfer.receive(stream(), data.transfer.size))
+
+
+async def test_a_result_over_a_message_is_held_for_a_client_of_another_machine() -> (
+    None
+):
+    """For a client of another machine (no home), a value over a message is
+    held, in chunks far under it, and comes back whole, once."""
+    value = b"x" * (codec.MAX_ARGS_LIMIT + 1)
+    result = codec.value_result(1, value, None, Home())
+    assert result.HasField("data") and result.ByteSize() < 1024
+    assert await _fetched(result.data) == value
+    assert transfer.HELD.take(result.data.transfer.token) is None  # (once)
+
+
+async def test_a_held_array_arrives_writable_with_its_buffers_out_of_band() -> None:
+    numpy = pytest.importorskip("numpy")
+    array = numpy.arange(2 * transfer.TRANSFER_MIN // 8, dtype=numpy.float64)
+    pickled, buffers = payload.dumps(array)
+    data = transfer.HELD.hold(pickled, [b.raw() for b in buffers.taken])
+    assert len(data.parts) == 2
+    back: Any = await _fetched(data)
+    assert numpy.array_equal(back, array) and back.flags.writeable
+
+
+async def test_a_short_fetch_is_data_gone() -> None:
+    async def stream() -> AsyncIterator[Chunk]:
+        yield Chunk(data=b"abc")
+
+    with pytest.raises(DataGone, match="3 bytes came of 4"):
+        await transfer.receive(stream(), 4)
 
 
 def test_arguments_over_a_message_are_refused_before_sending() -> None:

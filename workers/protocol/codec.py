@@ -30,15 +30,15 @@ from typing import Any, Final, NamedTuple
 
 import grpc
 
-from workers.protocol import payload, shipping
+from workers.protocol import payload, shipping, transfer
 from workers.protocol.errors import (
     ArgumentsTooLarge,
     BadTask,
     DataGone,
     RemoteError,
     RemoteTraceback,
-    ResultTooLarge,
     TaskIdReused,
+    TransferLost,
 )
 from workers.protocol.owners import DataOwner
 from workers.protocol.worker_pb2 import Data, Failure, Home, Result, Task
@@ -89,7 +89,9 @@ def load_call(
     args: bytes | Data, max_bytes: int = MAX_ARGS_BYTES
 ) -> tuple[tuple[Any, ...], dict[str, Any]]:
     """Arguments from the wire (an authenticated peer's only), mapped from
-    shared memory if they lie there (:func:`workers.protocol.payload.loads`).
+    shared memory if they lie there (:func:`workers.protocol.payload.loads`),
+    or, uploaded by a client of another machine, once they are here
+    (:mod:`workers.protocol.transfer`; the calling thread waits).
 
     :raises ArgumentsTooLarge: if what the message carries is over ``max_bytes``.
     :raises DataGone: if the shared memory they lie in is gone.
@@ -102,7 +104,7 @@ def load_call(
             f"{max_bytes} (--max-args-bytes)"
         )
     try:
-        call = payload.loads(args) if isinstance(args, Data) else pickle.loads(args)
+        call = _loads_call(args)
     except DataGone:
         raise
     except Exception as exc:
@@ -119,6 +121,20 @@ def load_call(
     return call
 
 
+def _loads_call(args: bytes | Data) -> Any:
+    if not isinstance(args, Data):
+        return pickle.loads(args)
+    if not args.HasField("transfer"):
+        return payload.loads(args)
+    uploaded = transfer.ARRIVED.take(args, wait_s=transfer.KEEP_S)
+    if uploaded is None:
+        raise TransferLost(
+            "the task's arguments",
+            f"they did not come from its client within {transfer.KEEP_S:.0f} s",
+        )
+    return transfer.loads(args, uploaded)
+
+
 Staged = tuple[payload.Sink, bytes, list[memoryview]]  # a value to write
 
 
@@ -127,11 +143,11 @@ def value_result(
 ) -> Result:
     """The Result carrying a return value: pickled in the message, or, when
     large and the task's ``home`` is a client of this machine, written into
-    the client's shared memory by ``writer`` (cloudpickle when plain pickle
-    refuses it, as it does an object of a class shipped by value).
+    the client's shared memory by ``writer``, or held for another machine's
+    to fetch (cloudpickle when plain pickle refuses it, as it does an
+    object of a class shipped by value).
 
     :raises SharedMemoryFull: if it does not fit the shared memory left.
-    :raises ResultTooLarge: if it does not fit a message (and has no home).
     """
     staged = pickle_value(task_id, value, writer, home)
     return staged if isinstance(staged, Result) else write_value(task_id, *staged)
@@ -141,16 +157,30 @@ def pickle_value(
     task_id: int, value: Any, writer: DataOwner | None, home: Home
 ) -> Result | Staged:
     """:func:`value_result`'s first half: the Result, if the value goes in
-    the message; else what :func:`write_value` writes (the slow half)."""
+    the message or is held for a client of another machine
+    (:mod:`workers.protocol.transfer`); else what :func:`write_value`
+    writes (the slow half)."""
     if writer is None or not home.owner:
-        return Result(id=task_id, value=dump_value(value))
+        return unshared_value(task_id, shipping.dumps(value))
     pickled, buffers = payload.dumps(value)
     if payload.in_message(pickled, buffers):
         return Result(id=task_id, value=pickled)
     sink = payload.Sink.of(writer, home)
     if sink is None:  # (a client of another machine)
-        return Result(id=task_id, value=dump_value(value))
+        views = [buffer.raw() for buffer in buffers.taken]
+        if len(pickled) + sum(view.nbytes for view in views) >= transfer.TRANSFER_MIN:
+            return Result(id=task_id, data=transfer.HELD.hold(pickled, views))
+        return Result(id=task_id, value=shipping.dumps(value))
     return sink, pickled, [buffer.raw() for buffer in buffers.taken]
+
+
+def unshared_value(task_id: int, pickled: bytes) -> Result:
+    """The Result of a value pickled (buffers in band) for a client this
+    process shares no memory with: in the message, or held for it to fetch
+    when large."""
+    if len(pickled) >= transfer.TRANSFER_MIN:
+        return Result(id=task_id, data=transfer.HELD.hold(pickled))
+    return Result(id=task_id, value=pickled)
 
 
 def write_value(
@@ -159,22 +189,6 @@ def write_value(
     """:func:`value_result`'s second half: the value into shared memory."""
     data = payload.write(sink.writer, sink.name(), pickled, parts, sink.lend)
     return Result(id=task_id, data=data)
-
-
-def dump_value(value: Any) -> bytes:
-    """The wire bytes of a return value, for a message.
-
-    :raises ResultTooLarge: if they do not fit one.
-    """
-    data = shipping.dumps(value)
-    if len(data) > MAX_ARGS_LIMIT:
-        raise ResultTooLarge(
-            f"the task's result pickles to {len(data)} bytes, over the "
-            f"{MAX_ARGS_LIMIT} a message carries between machines; return "
-            f"large data by reference (a path, a key), or run the client on "
-            f"the workers' machine (results then go through shared memory)"
-        )
-    return data
 
 
 def failure_of(

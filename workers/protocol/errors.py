@@ -133,6 +133,14 @@ class DataGone(BadTask, LookupError):
         )
 
 
+class TransferLost(DataGone):
+    """A payload between machines did not come whole (its holder went, or it
+    waited too long): ``segment`` says which payload, ``why`` what happened."""
+
+    def __str__(self) -> str:
+        return f"{self.segment}: {self.why}"
+
+
 class SharedMemoryFull(TaskError, MemoryError):
     """A payload does not fit the shared memory left: ``needed`` bytes,
     ``free`` of them free in ``where`` (/dev/shm, or the pool's

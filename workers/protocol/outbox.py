@@ -12,7 +12,7 @@ import asyncio
 from collections.abc import AsyncIterator
 from typing import Final
 
-from workers.protocol.worker_pb2 import Result, ResultBatch
+from workers.protocol.worker_pb2 import Result, ResultBatch, Want
 
 # A batch is cut after this many bytes of results: with one more result of
 # up to MAX_ARGS_LIMIT (64 MiB), it stays under gRPC's 128 MiB. (The same
@@ -27,6 +27,7 @@ class Outbox:
         self._results: list[Result] = []
         self._bytes = 0  # of the results' values and failures
         self._started: list[int] = []
+        self._wants: list[Want] = []  # (a dispatcher's, to its client)
         self._ready = asyncio.Event()
         self._closed = False
 
@@ -40,6 +41,11 @@ class Outbox:
     def start(self, task_id: int) -> None:
         """Tell the reader that the task ``task_id`` has started."""
         self._started.append(task_id)
+        self._ready.set()
+
+    def want(self, want: Want) -> None:
+        """Ask the client for a task's arguments (to a worker)."""
+        self._wants.append(want)
         self._ready.set()
 
     def close(self) -> None:
@@ -60,9 +66,12 @@ class Outbox:
             if self._bytes > MAX_BATCH_BYTES:
                 for batch in self._cut():
                     yield batch
-            elif self._results or self._started:
+            elif self._results or self._started or self._wants:
                 batch = ResultBatch(results=self._results, started=self._started)
-                self._results, self._started, self._bytes = [], [], 0
+                if self._wants:
+                    batch.wants.extend(self._wants)
+                self._results, self._started, self._wants = [], [], []
+                self._bytes = 0
                 yield batch
             if self._closed and not (self._results or self._started):
                 return
@@ -70,7 +79,7 @@ class Outbox:
     def _cut(self) -> list[ResultBatch]:
         """What is ready, as batches of about :data:`MAX_BATCH_BYTES` each
         (the started ids with the first)."""
-        batches = [ResultBatch(started=self._started)]
+        batches = [ResultBatch(started=self._started, wants=self._wants)]
         size = 0
         for result in self._results:
             result_size = len(result.value) + result.failure.ByteSize()
@@ -79,5 +88,6 @@ class Outbox:
                 size = 0
             batches[-1].results.append(result)
             size += result_size
-        self._results, self._started, self._bytes = [], [], 0
+        self._results, self._started, self._wants = [], [], []
+        self._bytes = 0
         return batches

@@ -14,7 +14,7 @@ carries its function's pickle only if the receiver does not hold it (the stream'
 :class:`~workers.protocol.shipping.StreamCache`, empty again on a new
 stream). What was sent and not answered, and so what to send again on a
 reconnect, is its owner's ledger (the client's
-:class:`~pool.client.connection.Ledger`, the dispatcher's router).
+:class:`~pool.client.ledger.Ledger`, the dispatcher's router).
 
 :class:`Incoming`, the receiving half: checks each task as it arrives (its
 function's pickle against the cache, its id not already in flight), holds

@@ -24,31 +24,43 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1dworkers/protocol/worker.proto\x12\x11shmpool.worker.v1\"z\n\x04\x44\x61ta\x12\x0c\n\x04host\x18\x01 \x01(\t\x12,\n\x08segments\x18\x02 \x03(\x0b\x32\x1a.shmpool.worker.v1.Segment\x12\x0e\n\x06pickle\x18\x03 \x01(\x0c\x12&\n\x05parts\x18\x04 \x03(\x0b\x32\x17.shmpool.worker.v1.Part\"4\n\x07Segment\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\r\n\x05nonce\x18\x02 \x01(\x06\x12\x0c\n\x04size\x18\x03 \x01(\x04\"7\n\x04Part\x12\x0f\n\x07segment\x18\x01 \x01(\r\x12\x0e\n\x06offset\x18\x02 \x01(\x04\x12\x0e\n\x06length\x18\x03 \x01(\x04\"Z\n\x04Home\x12\x0c\n\x04host\x18\x01 \x01(\t\x12\r\n\x05owner\x18\x02 \x01(\t\x12\x0b\n\x03tag\x18\x03 \x01(\x04\x12(\n\x04lend\x18\x04 \x01(\x0b\x32\x1a.shmpool.worker.v1.Segment\"\xe0\x01\n\x04Task\x12\n\n\x02id\x18\x01 \x01(\x04\x12\x10\n\x08\x66unction\x18\x02 \x01(\t\x12\x0c\n\x04\x61rgs\x18\x03 \x01(\x0c\x12\x11\n\ttimeout_s\x18\x04 \x01(\x01\x12\x0f\n\x07\x61ttempt\x18\x05 \x01(\r\x12\x0e\n\x06\x64igest\x18\x06 \x01(\x0c\x12\x0c\n\x04\x63ode\x18\x07 \x01(\x0c\x12\r\n\x05\x63hunk\x18\x08 \x01(\x08\x12\r\n\x05label\x18\t \x01(\t\x12%\n\x04\x64\x61ta\x18\n \x01(\x0b\x32\x17.shmpool.worker.v1.Data\x12%\n\x04home\x18\x0b \x01(\x0b\x32\x17.shmpool.worker.v1.Home\"\\\n\x07\x46\x61ilure\x12\x0c\n\x04type\x18\x01 \x01(\t\x12\x0f\n\x07message\x18\x02 \x01(\t\x12\x11\n\ttraceback\x18\x03 \x01(\t\x12\x11\n\texception\x18\x04 \x01(\x0c\x12\x0c\n\x04\x63ode\x18\x05 \x01(\r\"\xa6\x01\n\x06Result\x12\n\n\x02id\x18\x01 \x01(\x04\x12\x0f\n\x05value\x18\x02 \x01(\x0cH\x00\x12-\n\x07\x66\x61ilure\x18\x03 \x01(\x0b\x32\x1a.shmpool.worker.v1.FailureH\x00\x12\'\n\x04\x64\x61ta\x18\x06 \x01(\x0b\x32\x17.shmpool.worker.v1.DataH\x00\x12\x0e\n\x06run_us\x18\x04 \x01(\r\x12\x0c\n\x04slot\x18\x05 \x01(\rB\t\n\x07outcome\"C\n\tTaskBatch\x12&\n\x05tasks\x18\x01 \x03(\x0b\x32\x17.shmpool.worker.v1.Task\x12\x0e\n\x06\x63\x61ncel\x18\x02 \x03(\x04\"[\n\x0bResultBatch\x12*\n\x07results\x18\x01 \x03(\x0b\x32\x19.shmpool.worker.v1.Result\x12\x0f\n\x07started\x18\x02 \x03(\x04\x12\x0f\n\x07pace_us\x18\x03 \x01(\r2Q\n\x06Worker\x12G\n\x03Run\x12\x1c.shmpool.worker.v1.TaskBatch\x1a\x1e.shmpool.worker.v1.ResultBatch(\x01\x30\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1dworkers/protocol/worker.proto\x12\x11shmpool.worker.v1\"\xa9\x01\n\x04\x44\x61ta\x12\x0c\n\x04host\x18\x01 \x01(\t\x12,\n\x08segments\x18\x02 \x03(\x0b\x32\x1a.shmpool.worker.v1.Segment\x12\x0e\n\x06pickle\x18\x03 \x01(\x0c\x12&\n\x05parts\x18\x04 \x03(\x0b\x32\x17.shmpool.worker.v1.Part\x12-\n\x08transfer\x18\x05 \x01(\x0b\x32\x1b.shmpool.worker.v1.Transfer\"7\n\x08Transfer\x12\r\n\x05token\x18\x01 \x01(\x0c\x12\x0c\n\x04size\x18\x02 \x01(\x04\x12\x0e\n\x06source\x18\x03 \x01(\t\"-\n\x0c\x46\x65tchRequest\x12\r\n\x05token\x18\x01 \x01(\x0c\x12\x0e\n\x06source\x18\x02 \x01(\t\"B\n\x05\x43hunk\x12\x0c\n\x04\x64\x61ta\x18\x01 \x01(\x0c\x12\r\n\x05token\x18\x02 \x01(\x0c\x12\x0c\n\x04size\x18\x03 \x01(\x04\x12\x0e\n\x06source\x18\x04 \x01(\t\"\r\n\x0bUploadReply\"\"\n\x04Want\x12\n\n\x02id\x18\x01 \x01(\x04\x12\x0e\n\x06source\x18\x02 \x01(\t\"4\n\x07Segment\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\r\n\x05nonce\x18\x02 \x01(\x06\x12\x0c\n\x04size\x18\x03 \x01(\x04\"7\n\x04Part\x12\x0f\n\x07segment\x18\x01 \x01(\r\x12\x0e\n\x06offset\x18\x02 \x01(\x04\x12\x0e\n\x06length\x18\x03 \x01(\x04\"Z\n\x04Home\x12\x0c\n\x04host\x18\x01 \x01(\t\x12\r\n\x05owner\x18\x02 \x01(\t\x12\x0b\n\x03tag\x18\x03 \x01(\x04\x12(\n\x04lend\x18\x04 \x01(\x0b\x32\x1a.shmpool.worker.v1.Segment\"\xe0\x01\n\x04Task\x12\n\n\x02id\x18\x01 \x01(\x04\x12\x10\n\x08\x66unction\x18\x02 \x01(\t\x12\x0c\n\x04\x61rgs\x18\x03 \x01(\x0c\x12\x11\n\ttimeout_s\x18\x04 \x01(\x01\x12\x0f\n\x07\x61ttempt\x18\x05 \x01(\r\x12\x0e\n\x06\x64igest\x18\x06 \x01(\x0c\x12\x0c\n\x04\x63ode\x18\x07 \x01(\x0c\x12\r\n\x05\x63hunk\x18\x08 \x01(\x08\x12\r\n\x05label\x18\t \x01(\t\x12%\n\x04\x64\x61ta\x18\n \x01(\x0b\x32\x17.shmpool.worker.v1.Data\x12%\n\x04home\x18\x0b \x01(\x0b\x32\x17.shmpool.worker.v1.Home\"\\\n\x07\x46\x61ilure\x12\x0c\n\x04type\x18\x01 \x01(\t\x12\x0f\n\x07message\x18\x02 \x01(\t\x12\x11\n\ttraceback\x18\x03 \x01(\t\x12\x11\n\texception\x18\x04 \x01(\x0c\x12\x0c\n\x04\x63ode\x18\x05 \x01(\r\"\xa6\x01\n\x06Result\x12\n\n\x02id\x18\x01 \x01(\x04\x12\x0f\n\x05value\x18\x02 \x01(\x0cH\x00\x12-\n\x07\x66\x61ilure\x18\x03 \x01(\x0b\x32\x1a.shmpool.worker.v1.FailureH\x00\x12\'\n\x04\x64\x61ta\x18\x06 \x01(\x0b\x32\x17.shmpool.worker.v1.DataH\x00\x12\x0e\n\x06run_us\x18\x04 \x01(\r\x12\x0c\n\x04slot\x18\x05 \x01(\rB\t\n\x07outcome\"C\n\tTaskBatch\x12&\n\x05tasks\x18\x01 \x03(\x0b\x32\x17.shmpool.worker.v1.Task\x12\x0e\n\x06\x63\x61ncel\x18\x02 \x03(\x04\"\x83\x01\n\x0bResultBatch\x12*\n\x07results\x18\x01 \x03(\x0b\x32\x19.shmpool.worker.v1.Result\x12\x0f\n\x07started\x18\x02 \x03(\x04\x12\x0f\n\x07pace_us\x18\x03 \x01(\r\x12&\n\x05wants\x18\x04 \x03(\x0b\x32\x17.shmpool.worker.v1.Want2Q\n\x06Worker\x12G\n\x03Run\x12\x1c.shmpool.worker.v1.TaskBatch\x1a\x1e.shmpool.worker.v1.ResultBatch(\x01\x30\x01\x32\x97\x01\n\tTransfers\x12\x44\n\x05\x46\x65tch\x12\x1f.shmpool.worker.v1.FetchRequest\x1a\x18.shmpool.worker.v1.Chunk0\x01\x12\x44\n\x06Upload\x12\x18.shmpool.worker.v1.Chunk\x1a\x1e.shmpool.worker.v1.UploadReply(\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'workers.protocol.worker_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_DATA']._serialized_start=52
-  _globals['_DATA']._serialized_end=174
-  _globals['_SEGMENT']._serialized_start=176
-  _globals['_SEGMENT']._serialized_end=228
-  _globals['_PART']._serialized_start=230
-  _globals['_PART']._serialized_end=285
-  _globals['_HOME']._serialized_start=287
-  _globals['_HOME']._serialized_end=377
-  _globals['_TASK']._serialized_start=380
-  _globals['_TASK']._serialized_end=604
-  _globals['_FAILURE']._serialized_start=606
-  _globals['_FAILURE']._serialized_end=698
-  _globals['_RESULT']._serialized_start=701
-  _globals['_RESULT']._serialized_end=867
-  _globals['_TASKBATCH']._serialized_start=869
-  _globals['_TASKBATCH']._serialized_end=936
-  _globals['_RESULTBATCH']._serialized_start=938
-  _globals['_RESULTBATCH']._serialized_end=1029
-  _globals['_WORKER']._serialized_start=1031
-  _globals['_WORKER']._serialized_end=1112
+  _globals['_DATA']._serialized_start=53
+  _globals['_DATA']._serialized_end=222
+  _globals['_TRANSFER']._serialized_start=224
+  _globals['_TRANSFER']._serialized_end=279
+  _globals['_FETCHREQUEST']._serialized_start=281
+  _globals['_FETCHREQUEST']._serialized_end=326
+  _globals['_CHUNK']._serialized_start=328
+  _globals['_CHUNK']._serialized_end=394
+  _globals['_UPLOADREPLY']._serialized_start=396
+  _globals['_UPLOADREPLY']._serialized_end=409
+  _globals['_WANT']._serialized_start=411
+  _globals['_WANT']._serialized_end=445
+  _globals['_SEGMENT']._serialized_start=447
+  _globals['_SEGMENT']._serialized_end=499
+  _globals['_PART']._serialized_start=501
+  _globals['_PART']._serialized_end=556
+  _globals['_HOME']._serialized_start=558
+  _globals['_HOME']._serialized_end=648
+  _globals['_TASK']._serialized_start=651
+  _globals['_TASK']._serialized_end=875
+  _globals['_FAILURE']._serialized_start=877
+  _globals['_FAILURE']._serialized_end=969
+  _globals['_RESULT']._serialized_start=972
+  _globals['_RESULT']._serialized_end=1138
+  _globals['_TASKBATCH']._serialized_start=1140
+  _globals['_TASKBATCH']._serialized_end=1207
+  _globals['_RESULTBATCH']._serialized_start=1210
+  _globals['_RESULTBATCH']._serialized_end=1341
+  _globals['_WORKER']._serialized_start=1343
+  _globals['_WORKER']._serialized_end=1424
+  _globals['_TRANSFERS']._serialized_start=1427
+  _globals['_TRANSFERS']._serialized_end=1578
 # @@protoc_insertion_point(module_scope)

@@ -7,16 +7,60 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class Data(_message.Message):
-    __slots__ = ("host", "segments", "pickle", "parts")
+    __slots__ = ("host", "segments", "pickle", "parts", "transfer")
     HOST_FIELD_NUMBER: _ClassVar[int]
     SEGMENTS_FIELD_NUMBER: _ClassVar[int]
     PICKLE_FIELD_NUMBER: _ClassVar[int]
     PARTS_FIELD_NUMBER: _ClassVar[int]
+    TRANSFER_FIELD_NUMBER: _ClassVar[int]
     host: str
     segments: _containers.RepeatedCompositeFieldContainer[Segment]
     pickle: bytes
     parts: _containers.RepeatedCompositeFieldContainer[Part]
-    def __init__(self, host: _Optional[str] = ..., segments: _Optional[_Iterable[_Union[Segment, _Mapping]]] = ..., pickle: _Optional[bytes] = ..., parts: _Optional[_Iterable[_Union[Part, _Mapping]]] = ...) -> None: ...
+    transfer: Transfer
+    def __init__(self, host: _Optional[str] = ..., segments: _Optional[_Iterable[_Union[Segment, _Mapping]]] = ..., pickle: _Optional[bytes] = ..., parts: _Optional[_Iterable[_Union[Part, _Mapping]]] = ..., transfer: _Optional[_Union[Transfer, _Mapping]] = ...) -> None: ...
+
+class Transfer(_message.Message):
+    __slots__ = ("token", "size", "source")
+    TOKEN_FIELD_NUMBER: _ClassVar[int]
+    SIZE_FIELD_NUMBER: _ClassVar[int]
+    SOURCE_FIELD_NUMBER: _ClassVar[int]
+    token: bytes
+    size: int
+    source: str
+    def __init__(self, token: _Optional[bytes] = ..., size: _Optional[int] = ..., source: _Optional[str] = ...) -> None: ...
+
+class FetchRequest(_message.Message):
+    __slots__ = ("token", "source")
+    TOKEN_FIELD_NUMBER: _ClassVar[int]
+    SOURCE_FIELD_NUMBER: _ClassVar[int]
+    token: bytes
+    source: str
+    def __init__(self, token: _Optional[bytes] = ..., source: _Optional[str] = ...) -> None: ...
+
+class Chunk(_message.Message):
+    __slots__ = ("data", "token", "size", "source")
+    DATA_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_FIELD_NUMBER: _ClassVar[int]
+    SIZE_FIELD_NUMBER: _ClassVar[int]
+    SOURCE_FIELD_NUMBER: _ClassVar[int]
+    data: bytes
+    token: bytes
+    size: int
+    source: str
+    def __init__(self, data: _Optional[bytes] = ..., token: _Optional[bytes] = ..., size: _Optional[int] = ..., source: _Optional[str] = ...) -> None: ...
+
+class UploadReply(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class Want(_message.Message):
+    __slots__ = ("id", "source")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    SOURCE_FIELD_NUMBER: _ClassVar[int]
+    id: int
+    source: str
+    def __init__(self, id: _Optional[int] = ..., source: _Optional[str] = ...) -> None: ...
 
 class Segment(_message.Message):
     __slots__ = ("name", "nonce", "size")
@@ -115,11 +159,13 @@ class TaskBatch(_message.Message):
     def __init__(self, tasks: _Optional[_Iterable[_Union[Task, _Mapping]]] = ..., cancel: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class ResultBatch(_message.Message):
-    __slots__ = ("results", "started", "pace_us")
+    __slots__ = ("results", "started", "pace_us", "wants")
     RESULTS_FIELD_NUMBER: _ClassVar[int]
     STARTED_FIELD_NUMBER: _ClassVar[int]
     PACE_US_FIELD_NUMBER: _ClassVar[int]
+    WANTS_FIELD_NUMBER: _ClassVar[int]
     results: _containers.RepeatedCompositeFieldContainer[Result]
     started: _containers.RepeatedScalarFieldContainer[int]
     pace_us: int
-    def __init__(self, results: _Optional[_Iterable[_Union[Result, _Mapping]]] = ..., started: _Optional[_Iterable[int]] = ..., pace_us: _Optional[int] = ...) -> None: ...
+    wants: _containers.RepeatedCompositeFieldContainer[Want]
+    def __init__(self, results: _Optional[_Iterable[_Union[Result, _Mapping]]] = ..., started: _Optional[_Iterable[int]] = ..., pace_us: _Optional[int] = ..., wants: _Optional[_Iterable[_Union[Want, _Mapping]]] = ...) -> None: ...

@@ -96,3 +96,134 @@ class Worker:
             timeout,
             metadata,
             _registered_method=True)
+
+
+class TransfersStub:
+    """Payloads too large for a message, between a client and a worker of
+    another machine: served by a worker (the values it holds, the arguments
+    it is sent) and by the dispatcher (which relays each call to the worker
+    named by `source`, a chunk at a time).
+    """
+
+    def __init__(self, channel):
+        """Constructor.
+
+        Args:
+            channel: A grpc.Channel.
+        """
+        self.Fetch = channel.unary_stream(
+                '/shmpool.worker.v1.Transfers/Fetch',
+                request_serializer=workers_dot_protocol_dot_worker__pb2.FetchRequest.SerializeToString,
+                response_deserializer=workers_dot_protocol_dot_worker__pb2.Chunk.FromString,
+                _registered_method=True)
+        self.Upload = channel.stream_unary(
+                '/shmpool.worker.v1.Transfers/Upload',
+                request_serializer=workers_dot_protocol_dot_worker__pb2.Chunk.SerializeToString,
+                response_deserializer=workers_dot_protocol_dot_worker__pb2.UploadReply.FromString,
+                _registered_method=True)
+
+
+class TransfersServicer:
+    """Payloads too large for a message, between a client and a worker of
+    another machine: served by a worker (the values it holds, the arguments
+    it is sent) and by the dispatcher (which relays each call to the worker
+    named by `source`, a chunk at a time).
+    """
+
+    def Fetch(self, request, context):
+        """The payload's bytes, in Chunks; then the holder lets go of it.
+        NOT_FOUND if it holds no such payload (fetched already, or expired).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Upload(self, request_iterator, context):
+        """A task's arguments, to the worker that runs it (through the dispatcher,
+        which passes them on to the worker the first Chunk names).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+
+def add_TransfersServicer_to_server(servicer, server):
+    rpc_method_handlers = {
+            'Fetch': grpc.unary_stream_rpc_method_handler(
+                    servicer.Fetch,
+                    request_deserializer=workers_dot_protocol_dot_worker__pb2.FetchRequest.FromString,
+                    response_serializer=workers_dot_protocol_dot_worker__pb2.Chunk.SerializeToString,
+            ),
+            'Upload': grpc.stream_unary_rpc_method_handler(
+                    servicer.Upload,
+                    request_deserializer=workers_dot_protocol_dot_worker__pb2.Chunk.FromString,
+                    response_serializer=workers_dot_protocol_dot_worker__pb2.UploadReply.SerializeToString,
+            ),
+    }
+    generic_handler = grpc.method_handlers_generic_handler(
+            'shmpool.worker.v1.Transfers', rpc_method_handlers)
+    server.add_generic_rpc_handlers((generic_handler,))
+    server.add_registered_method_handlers('shmpool.worker.v1.Transfers', rpc_method_handlers)
+
+
+ # This class is part of an EXPERIMENTAL API.
+class Transfers:
+    """Payloads too large for a message, between a client and a worker of
+    another machine: served by a worker (the values it holds, the arguments
+    it is sent) and by the dispatcher (which relays each call to the worker
+    named by `source`, a chunk at a time).
+    """
+
+    @staticmethod
+    def Fetch(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/shmpool.worker.v1.Transfers/Fetch',
+            workers_dot_protocol_dot_worker__pb2.FetchRequest.SerializeToString,
+            workers_dot_protocol_dot_worker__pb2.Chunk.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Upload(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_unary(
+            request_iterator,
+            target,
+            '/shmpool.worker.v1.Transfers/Upload',
+            workers_dot_protocol_dot_worker__pb2.Chunk.SerializeToString,
+            workers_dot_protocol_dot_worker__pb2.UploadReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)

@@ -1,0 +1,79 @@
+"""The dispatcher's ``Transfers`` service: payloads between a client and a
+worker of another machine, relayed (:mod:`workers.protocol.transfer`).
+
+A client's fetch of a value goes to the worker that answered, as the
+dispatcher named it in the answer (``Transfer.source``, the worker's
+uid); a client's upload of a task's arguments goes to the worker its
+``Want`` named (:meth:`pool.dispatcher.links.WorkerLink.send`). Either
+way the relay reads one chunk and writes it on before it reads the next,
+so it holds one chunk (a few MiB) of a payload of any size, and gRPC's
+flow control holds the rest at the sender. Run by
+:mod:`pool.dispatcher.server`.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import AsyncIterator, Callable
+
+import grpc
+from grpc import aio
+
+from pool.dispatcher.jobs import Link
+from workers.protocol import worker_pb2_grpc
+from workers.protocol.worker_pb2 import Chunk, FetchRequest, UploadReply
+
+Context = aio.ServicerContext[FetchRequest, Chunk]
+_GONE = "no such worker here: it is gone (the task runs again)"
+
+
+class RelayService(worker_pb2_grpc.TransfersServicer):
+    """Fetches, relayed to the worker that holds the value.
+
+    :param link_of: the link to a worker by its uid, if there is one.
+    """
+
+    def __init__(self, link_of: Callable[[uuid.UUID], Link | None]) -> None:
+        self._link_of = link_of
+
+    async def Fetch(self, request: FetchRequest, context: Context) -> None:
+        if (link := self._find(request.source)) is None:
+            await context.abort(grpc.StatusCode.NOT_FOUND, _GONE)
+        assert link is not None
+        try:
+            async for chunk in link.fetch(request):
+                await context.write(chunk)
+        except LookupError as exc:
+            await context.abort(grpc.StatusCode.NOT_FOUND, str(exc))
+        except aio.AioRpcError as exc:
+            await context.abort(exc.code(), f"from the worker: {exc.details()}")
+
+    async def Upload(
+        self,
+        request_iterator: AsyncIterator[Chunk],
+        context: aio.ServicerContext[Chunk, UploadReply],
+    ) -> UploadReply:
+        first = await anext(aiter(request_iterator), None)
+        link = None if first is None else self._find(first.source)
+        if link is None or first is None:
+            await context.abort(grpc.StatusCode.NOT_FOUND, _GONE)
+        assert link is not None and first is not None
+
+        async def relayed() -> AsyncIterator[Chunk]:
+            yield Chunk(token=first.token, size=first.size, data=first.data)
+            async for chunk in request_iterator:
+                yield chunk
+
+        try:
+            await link.upload(relayed())
+        except LookupError as exc:
+            await context.abort(grpc.StatusCode.NOT_FOUND, str(exc))
+        except aio.AioRpcError as exc:
+            await context.abort(exc.code(), f"from the worker: {exc.details()}")
+        return UploadReply()
+
+    def _find(self, source: str) -> Link | None:
+        try:
+            return self._link_of(uuid.UUID(source))
+        except ValueError:
+            return None
