@@ -45,8 +45,9 @@ class ArgumentsTooLarge(BadTask):
 class ResultTooLarge(TaskError):
     """The task's pickled return value is over what one message carries.
 
-    The task ran (it is not run again); return large data by reference (a
-    path, a key) instead.
+    No longer raised by this version: a large value goes through shared
+    memory, or across machines in chunks (:mod:`workers.protocol.transfer`).
+    Kept so that code which catches it still runs.
     """
 
     status: ClassVar[grpc.StatusCode] = grpc.StatusCode.RESOURCE_EXHAUSTED
