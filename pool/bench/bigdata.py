@@ -55,7 +55,7 @@ SCENARIOS: Final = (
 )
 
 
-class _Executor:
+class ExecutorRunner:
     """A ``concurrent.futures`` executor as a :class:`Runner`."""
 
     def __init__(self, executor: Any) -> None:
@@ -89,7 +89,7 @@ class _Ray:
         return list(self.ray.get([self._task(fn).remote(ref) for _ in range(n)]))
 
 
-class _Ours(_Executor):
+class _Ours(ExecutorRunner):
     def fan_out_put(self, fn: Callable[..., Any], arg: Any, n: int) -> list[Any]:
         ref = self.executor.put(arg)
         return list(self.executor.map(fn, [ref] * n))
@@ -110,13 +110,13 @@ def opened(name: str, workers: int) -> Iterator[Runner]:
             yield _Ours(client)
     elif name == "ProcessPoolExecutor":
         with concurrent.futures.ProcessPoolExecutor(workers) as executor:
-            yield _Executor(executor)
+            yield ExecutorRunner(executor)
     elif name == "loky":
         from joblib.executor import get_memmapping_executor
 
         executor = get_memmapping_executor(workers)
         try:
-            yield _Executor(executor)
+            yield ExecutorRunner(executor)
         finally:
             executor.shutdown(wait=True)
     else:
