@@ -322,7 +322,8 @@ def test_the_dispatcher_can_serve_tls_to_clients_of_other_machines(
     """`pool up --host 127.0.0.1 --tls-cert PEM --tls-key PEM --tls-ca PEM`:
     the port it announces in Redis serves TLS and refuses plain text; its
     worker serves TLS with the same certificate; a client of another machine
-    given the CA runs tasks through it; this machine's clients reach the
+    given the CA runs tasks through it (and 20 MiB payloads each way, in
+    chunks); this machine's clients reach the
     pool by its unix socket, as without --host. Half of it (a certificate
     without a CA) is a usage error."""
     cert, key = _self_signed(tmp_path, "127.0.0.1")
@@ -351,6 +352,10 @@ def test_the_dispatcher_can_serve_tls_to_clients_of_other_machines(
             )
             with remote:
                 assert remote.submit(sample_tasks.pid_after, 0.0).result(30) == worker
+                # Large payloads cross in chunks, over TLS both hops.
+                big = 20 * 2**20
+                assert remote.submit(bytes, big).result(60) == bytes(big)
+                assert remote.submit(len, b"z" * big).result(60) == big
             assert locate(namespace)[0].startswith("unix:")
             with Client(namespace) as local:
                 assert local.submit(sample_tasks.pid_after, 0.0).result(30) == worker
