@@ -74,10 +74,9 @@ class Entry:
     uploaded: bytes = b""
 
     def __post_init__(self) -> None:
-        task = self.task
-        if task.HasField("data") and task.data.HasField("transfer"):
-            self.uploaded = task.data.transfer.token
-            transfer.ARRIVED.claim(self.uploaded)
+        if (held := transfer.transfer_of(self.task)) is not None:
+            self.uploaded = held.token
+            transfer.ARRIVED.claim(held.token)
 
 
 class News:

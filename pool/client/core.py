@@ -48,7 +48,7 @@ def outcome(result: Result, store: Store | None = None, key: str = "") -> Any:
     if result.HasField("failure"):
         raise codec.exception_of(result.failure)
     if result.HasField("data"):
-        if transfer.is_transfer(result.data):  # (fetched from another machine)
+        if transfer.transfer_of(result) is not None:  # (fetched from elsewhere)
             fetched = transfer.ARRIVED.take(result.data)
             if fetched is None:
                 raise RuntimeError("a value to fetch, not fetched")
@@ -63,7 +63,7 @@ def dropped(result: Result, store: Store | None) -> None:
     """A result nobody will read: what it holds in shared memory goes (and
     what was fetched of it)."""
     if result.HasField("data"):
-        if transfer.is_transfer(result.data):
+        if transfer.transfer_of(result) is not None:
             transfer.ARRIVED.take(result.data)
         elif store is not None:
             store.discard(result.data)

@@ -90,7 +90,7 @@ class Ledger:
             if result.id not in self._pending:
                 if self._store is not None and result.HasField("data"):
                     self._store.discard(result.data)  # (nobody will read it)
-            elif result.HasField("data") and transfer.is_transfer(result.data):
+            elif transfer.transfer_of(result) is not None:
                 to_fetch.append(result)
             else:
                 self._settle(result)
@@ -126,9 +126,8 @@ class Ledger:
     def _forget(self, task_id: int) -> tuple[Submission, Handler]:
         """A task answered: what held its arguments for upload lets go."""
         submission, handler, _ = self._pending.pop(task_id)
-        task = submission.task
-        if task.HasField("data") and task.data.HasField("transfer"):
-            transfer.OFFERED.take(task.data.transfer.token)
+        if (held := transfer.transfer_of(submission.task)) is not None:
+            transfer.OFFERED.take(held.token)
         return submission, handler
 
     def offered(self, task_id: int) -> tuple[Data, list[memoryview]] | None:

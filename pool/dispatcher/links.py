@@ -34,7 +34,7 @@ from grpc import aio
 
 from discovery import WorkerInfo
 from pool.dispatcher.jobs import Connect, Job, LinkEvents
-from workers.protocol import auth
+from workers.protocol import auth, transfer
 from workers.protocol.stream import Outgoing
 from workers.protocol.worker_pb2 import (
     Chunk,
@@ -126,7 +126,7 @@ class WorkerLink:
         task.attempt = job.attempts + 1
         self.in_flight[task.id] = job
         self._outgoing.add(job, job.code)
-        if task.HasField("data") and task.data.HasField("transfer"):
+        if transfer.transfer_of(task) is not None:
             # (Its client holds its arguments: they are uploaded to here.)
             job.owner.on_wanted(job, str(self.info.uid))
 
@@ -235,8 +235,8 @@ class WorkerLink:
         """Values the worker holds for the client to fetch: name it, the
         fetch's way back here (:mod:`workers.protocol.transfer`)."""
         for result in results:
-            if result.HasField("data") and result.data.HasField("transfer"):
-                result.data.transfer.source = str(self.info.uid)
+            if (held := transfer.transfer_of(result)) is not None:
+                held.source = str(self.info.uid)
 
     def _time_round_trip(self, task_id: int) -> None:
         """One sample (a message's first start) of the round trip."""

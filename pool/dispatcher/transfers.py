@@ -14,7 +14,8 @@ flow control holds the rest at the sender. Run by
 from __future__ import annotations
 
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
 
 import grpc
 from grpc import aio
@@ -40,13 +41,12 @@ class RelayService(worker_pb2_grpc.TransfersServicer):
         if (link := self._find(request.source)) is None:
             await context.abort(grpc.StatusCode.NOT_FOUND, _GONE)
         assert link is not None
-        try:
+
+        async def relay() -> None:
             async for chunk in link.fetch(request):
                 await context.write(chunk)
-        except LookupError as exc:
-            await context.abort(grpc.StatusCode.NOT_FOUND, str(exc))
-        except aio.AioRpcError as exc:
-            await context.abort(exc.code(), f"from the worker: {exc.details()}")
+
+        await _relayed(relay(), context)
 
     async def Upload(
         self,
@@ -64,12 +64,7 @@ class RelayService(worker_pb2_grpc.TransfersServicer):
             async for chunk in request_iterator:
                 yield chunk
 
-        try:
-            await link.upload(relayed())
-        except LookupError as exc:
-            await context.abort(grpc.StatusCode.NOT_FOUND, str(exc))
-        except aio.AioRpcError as exc:
-            await context.abort(exc.code(), f"from the worker: {exc.details()}")
+        await _relayed(link.upload(relayed()), context)
         return UploadReply()
 
     def _find(self, source: str) -> Link | None:
@@ -77,3 +72,15 @@ class RelayService(worker_pb2_grpc.TransfersServicer):
             return self._link_of(uuid.UUID(source))
         except ValueError:
             return None
+
+
+async def _relayed(
+    call: Awaitable[None], context: aio.ServicerContext[Any, Any]
+) -> None:
+    """Run a call to the worker; its failure is the client's call's, said so."""
+    try:
+        await call
+    except LookupError as exc:
+        await context.abort(grpc.StatusCode.NOT_FOUND, str(exc))
+    except aio.AioRpcError as exc:
+        await context.abort(exc.code(), f"from the worker: {exc.details()}")

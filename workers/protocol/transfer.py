@@ -47,6 +47,8 @@ from workers.protocol.worker_pb2 import (
     Chunk,
     Data,
     FetchRequest,
+    Result,
+    Task,
     Transfer,
     UploadReply,
 )
@@ -246,8 +248,12 @@ class Arrivals:
 ARRIVED: Final = Arrivals()  # this process's
 
 
-def is_transfer(data: Data) -> bool:
-    return data.HasField("transfer")
+def transfer_of(message: Task | Result) -> Transfer | None:
+    """What a task's arguments or a result's value is held as, if it is
+    (None: in the message, or in shared memory)."""
+    if message.HasField("data") and message.data.HasField("transfer"):
+        return message.data.transfer
+    return None
 
 
 class HeldService(worker_pb2_grpc.TransfersServicer):
