@@ -3,6 +3,7 @@ so that a worker imports nothing else to run them."""
 
 from __future__ import annotations
 
+import os
 import time
 
 
@@ -16,3 +17,11 @@ def burn(seconds: float) -> float:
     while time.thread_time() < end:
         pass
     return seconds
+
+
+def gate(path: str) -> bool:
+    """Hold a worker until ``path`` exists (``pool bench --scale``'s deep
+    queue: every worker busy while the queue fills)."""
+    while not os.path.exists(path):
+        time.sleep(0.01)
+    return True

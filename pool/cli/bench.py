@@ -25,6 +25,10 @@ process; start, replacement and CPU-bound figures need that)"""
 CHART_HELP = """also write a bar chart of the ratios (needs --peers and the
 `bench` extra: .venv/bin/pip install -e '.[bench]')"""
 
+SCALE_HELP = """instead, how small tasks scale: Pool(workers=n) for n of 1, 2, 8,
+32 and 128 beside ProcessPoolExecutor(n); 1, 4 and 16 client processes
+sharing a Pool(8); the memory of a deep queue (--pending)"""
+
 
 def add(commands: Commands) -> None:
     bench = command(commands, "bench", run_bench, BENCH)
@@ -47,6 +51,13 @@ def add(commands: Commands) -> None:
         help="measure ProcessPoolExecutor and multiprocessing.Pool too",
     )
     bench.add_argument("--chart", metavar="PNG", help=CHART_HELP)
+    bench.add_argument("--scale", action="store_true", help=SCALE_HELP)
+    bench.add_argument(
+        "--pending",
+        type=int,
+        default=1_000_000,
+        help="no-ops pending in --scale's deep queue (default 1000000)",
+    )
 
 
 def run_bench(args: argparse.Namespace) -> int:
@@ -62,6 +73,14 @@ def run_bench(args: argparse.Namespace) -> int:
         raise UsageError(
             "--chart needs matplotlib: .venv/bin/pip install -e '.[bench]'"
         )
+    if args.scale:
+        from pool.bench import scale
+
+        if args.pending < 1:
+            raise UsageError("--pending must be at least 1")
+        for table in scale.tables(args.runs, args.pending):
+            Console().print(table)
+        return 0
     if args.namespace is not None:
         Client(args.namespace).shutdown()  # a clear error if it is not running
     settings = suite.Settings(

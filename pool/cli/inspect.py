@@ -95,7 +95,7 @@ def run_workers(args: argparse.Namespace) -> int:
         backends.check_reachable(locator.discovery_url)
         infos = registered(locator.discovery_url, args.namespace)
     infos = sorted(infos, key=lambda info: (info.pid, info.address))
-    routing = _dispatcher_view(locator)
+    routing = dispatcher_view(locator)
     columns = ["pid", "uid", "address", "status", "running", "done", "rss"]
     if routing is not None:
         columns.append("in_flight")
@@ -117,7 +117,7 @@ def run_workers(args: argparse.Namespace) -> int:
     return 0
 
 
-def _dispatcher_view(locator: Locator) -> tuple[dict[str, int], int] | None:
+def dispatcher_view(locator: Locator) -> tuple[dict[str, int], int] | None:
     """What the dispatcher has sent each worker (by uid) and has queued, or
     None when no dispatcher answers."""
     try:
