@@ -82,7 +82,7 @@ def map_rate(executor: Executor, tasks: int, *, chunked: bool) -> float:
     if isinstance(executor, MpAdapter):
         pool = executor.pool
         results = pool.map(noop, calls) if chunked else pool.imap(noop, calls)
-    elif isinstance(executor, concurrent.futures.ProcessPoolExecutor) and chunked:
+    elif isinstance(executor, concurrent.futures.Executor) and chunked:
         results = executor.map(noop, calls, chunksize=PEER_CHUNKSIZE)
     else:
         results = executor.map(noop, calls)

@@ -1,12 +1,15 @@
 """The pools ``pool bench`` measures, opened alike: shm-pool (an embedded
 :class:`~pool.Pool`, or a running pool by namespace) and its peers,
-``ProcessPoolExecutor`` and ``multiprocessing.Pool``, each with its
-workers' pids.
+``ProcessPoolExecutor`` and ``multiprocessing.Pool``, and, where the
+``bench`` extra installed them, loky (its ``ProcessPoolExecutor``) and
+mpire (``WorkerPool``, which forks its workers), each with its workers'
+pids.
 """
 
 from __future__ import annotations
 
 import concurrent.futures
+import importlib.util
 import multiprocessing
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager
@@ -68,8 +71,30 @@ def _mp_pool(workers: int) -> Iterator[tuple[Executor, list[int]]]:
         yield MpAdapter(pool), [p.pid for p in pool._pool]  # type: ignore[attr-defined]
 
 
+@contextmanager
+def _loky(workers: int) -> Iterator[tuple[Executor, list[int]]]:
+    import loky
+
+    with loky.ProcessPoolExecutor(workers) as executor:
+        list(executor.map(noop, range(workers)))  # it starts workers lazily
+        yield executor, list(executor._processes)
+
+
+@contextmanager
+def _mpire(workers: int) -> Iterator[tuple[Executor, list[int]]]:
+    from mpire.pool import WorkerPool
+
+    # (keep_alive: its workers serve apply_async and map alike, as a pool's)
+    with WorkerPool(n_jobs=workers, keep_alive=True) as pool:
+        pool.map(noop, range(workers))  # it starts workers lazily
+        yield MpAdapter(pool), [w.pid for w in pool._workers]
+
+
 OURS: Final = "shm-pool"
-PEERS: Final = ("ProcessPoolExecutor", "mp.Pool")
+_INSTALLED: Final = [
+    name for name in ("loky", "mpire") if importlib.util.find_spec(name) is not None
+]
+PEERS: Final = ("ProcessPoolExecutor", "mp.Pool", *_INSTALLED)
 
 
 def opener(
@@ -77,6 +102,10 @@ def opener(
 ) -> Callable[[], AbstractContextManager[tuple[Executor, list[int]]]]:
     if name == OURS:
         return lambda: _ours(workers, namespace)
-    if name == PEERS[0]:
-        return lambda: _process_pool(workers)
-    return lambda: _mp_pool(workers)
+    peers = {
+        "ProcessPoolExecutor": _process_pool,
+        "mp.Pool": _mp_pool,
+        "loky": _loky,
+        "mpire": _mpire,
+    }
+    return lambda: peers[name](workers)

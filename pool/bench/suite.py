@@ -200,6 +200,12 @@ def table(results: dict[str, dict[str, float]], settings: Settings) -> Table:
             f"ProcessPoolExecutor.map(chunksize={PEER_CHUNKSIZE}); peers "
             "unchunked: mp.Pool.imap and ProcessPoolExecutor.map, chunksize 1"
         )
+    if {"loky", "mpire"} & set(peers):
+        notes.append(
+            "loky: loky.ProcessPoolExecutor, as ProcessPoolExecutor; mpire: "
+            "WorkerPool(keep_alive=True), its apply_async and map (which chunk "
+            "as mp.Pool's)"
+        )
     if "floor" in ours and "rtt" in ours:
         notes.append(f"round trip / floor: {ours['rtt'] / ours['floor']:.2f}x")
     grid.caption = "; ".join(notes)

@@ -91,6 +91,8 @@ def run_bench(args: argparse.Namespace) -> int:
         peers=args.peers,
     )
     console = Console()
+    if args.peers:  # (a column pair a peer: wider than 80, never cut)
+        console = Console(width=max(console.width, 160))
     results = suite.run(settings, console)
     console.print(suite.table(results, settings))
     if args.peers and importlib.util.find_spec("numpy") is None:
