@@ -24,8 +24,9 @@ import time
 
 import uvloop
 
-from pool import AsyncClient, Client, Pool
+from pool import AsyncClient, Pool
 from pool.bench import floor
+from pool.bench.measures import rtt_ms
 from pool.bench.tasks import noop
 
 
@@ -46,15 +47,6 @@ def _async_in_own_process(namespace: str, samples: int) -> float:
     return float(subprocess.run(argv, check=True, capture_output=True).stdout)
 
 
-def _client_rtt_ms(client: Client, samples: int) -> float:
-    times = []
-    for _ in range(samples):
-        started = time.perf_counter()
-        client.submit(noop, 1).result()
-        times.append(time.perf_counter() - started)
-    return statistics.median(times) * 1e3
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=3)
@@ -69,7 +61,7 @@ def main() -> None:
         for run in range(args.runs):
             base = statistics.median(floor.measure(args.samples)) * 1e3
             direct = _async_in_own_process(client.namespace, args.samples)
-            threaded = _client_rtt_ms(client, args.samples)
+            threaded = rtt_ms(client, args.samples)
             print(
                 f"run {run + 1}: floor {base:.3f} ms, AsyncClient {direct:.3f} ms "
                 f"(+{(direct - base) * 1e3:.0f} µs), Client {threaded:.3f} ms "

@@ -40,9 +40,9 @@ def start(open_pool: Callable[[], Any]) -> float:
         return time.perf_counter() - started
 
 
-def rtt_ms(executor: Executor) -> float:
+def rtt_ms(executor: Executor, samples: int = RTT_SAMPLES) -> float:
     times = []
-    for _ in range(RTT_SAMPLES):
+    for _ in range(samples):
         started = time.perf_counter()
         executor.submit(noop, 1).result()
         times.append(time.perf_counter() - started)

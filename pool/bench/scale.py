@@ -197,13 +197,35 @@ def _medians(figures: dict[str, list[float]]) -> Row:
 
 def tables(runs: int, pending: int) -> list[Table]:
     """The three tables, measured now (see the module docstring)."""
-    workers, clients = by_workers(runs), by_clients(runs)
-    deep = deep_queue(pending)
-    grid = Table(title=f"by workers, no-ops, median of {runs}", title_justify="left")
-    for column in ("workers", "ready (s)", "round trip (ms)", "submit (/s)"):
+    return [
+        _workers_table(by_workers(runs), runs),
+        _clients_table(by_clients(runs), runs),
+        _queue_table(deep_queue(pending), pending),
+    ]
+
+
+def _table(title: str, columns: tuple[str, ...]) -> Table:
+    grid = Table(title=title, title_justify="left")
+    for column in columns:
         grid.add_column(column, justify="right")
-    grid.add_column("PPE(n) submit (/s)", justify="right")
-    grid.add_column("ours / PPE", justify="right")
+    return grid
+
+
+WORKER_COLUMNS: Final = (
+    "workers",
+    "ready (s)",
+    "round trip (ms)",
+    "submit (/s)",
+    "PPE(n) submit (/s)",
+    "ours / PPE",
+)
+
+
+def _workers_table(workers: dict[int, Row], runs: int) -> Table:
+    grid = _table(
+        f"by workers, no-ops, median of {runs}",
+        WORKER_COLUMNS,
+    )
     for n, row in workers.items():
         grid.add_row(
             str(n),
@@ -213,35 +235,37 @@ def tables(runs: int, pending: int) -> list[Table]:
             f"{row['ppe']:,.0f}",
             f"{row['submit'] / row['ppe']:.2f}x",
         )
-    share = Table(
-        title=f"client processes sharing Pool(8), {IN_FLIGHT} in flight in all, "
+    return grid
+
+
+def _clients_table(clients: dict[int, Row], runs: int) -> Table:
+    grid = _table(
+        f"client processes sharing Pool(8), {IN_FLIGHT} in flight in all, "
         f"median of {runs}",
-        title_justify="left",
+        ("clients", "total (/s)", "over one client", "slowest / fastest"),
     )
-    for column in ("clients", "total (/s)", "over one client", "slowest / fastest"):
-        share.add_column(column, justify="right")
     one = clients[CLIENTS[0]]["total"]
     for k, row in clients.items():
-        share.add_row(
+        grid.add_row(
             str(k),
             f"{row['total']:,.0f}",
             f"{row['total'] / one:.2f}x",
             f"{row['fair']:.2f}",
         )
-    queue = Table(
-        title=f"{pending:,} no-ops pending behind 8 busy workers", title_justify="left"
+    return grid
+
+
+def _queue_table(deep: Row, pending: int) -> Table:
+    grid = _table(
+        f"{pending:,} no-ops pending behind 8 busy workers", ("figure", "value")
     )
-    queue.add_column("figure")
-    queue.add_column("value", justify="right")
-    queue.add_row("client memory per pending task", f"{deep['client_b']:,.0f} B")
-    queue.add_row(
+    grid.add_row("client memory per pending task", f"{deep['client_b']:,.0f} B")
+    grid.add_row(
         f"dispatcher memory per task it took ({deep['dispatcher_held']:,.0f})",
         f"{deep['dispatcher_b']:,.0f} B",
     )
-    queue.add_row(
-        "a new client's first answer, loaded / idle", f"{deep['answer']:.2f}x"
-    )
-    return [grid, share, queue]
+    grid.add_row("a new client's first answer, loaded / idle", f"{deep['answer']:.2f}x")
+    return grid
 
 
 if __name__ == "__main__":

@@ -65,22 +65,9 @@ def run_bench(args: argparse.Namespace) -> int:
 
     from pool.bench import suite
 
-    if args.workers < 1 or args.runs < 1 or args.tasks < 1:
-        raise UsageError("--workers, --runs and --tasks must be at least 1")
-    if args.chart and not args.peers:
-        raise UsageError("--chart draws the ratios to the peers: add --peers")
-    if args.chart and importlib.util.find_spec("matplotlib") is None:
-        raise UsageError(
-            "--chart needs matplotlib: .venv/bin/pip install -e '.[bench]'"
-        )
+    _check(args)
     if args.scale:
-        from pool.bench import scale
-
-        if args.pending < 1:
-            raise UsageError("--pending must be at least 1")
-        for table in scale.tables(args.runs, args.pending):
-            Console().print(table)
-        return 0
+        return _run_scale(args)
     if args.namespace is not None:
         Client(args.namespace).shutdown()  # a clear error if it is not running
     settings = suite.Settings(
@@ -107,3 +94,27 @@ def run_bench(args: argparse.Namespace) -> int:
         suite.chart(results, args.chart)
         console.print(f"chart: {args.chart}")
     return 0
+
+
+def _run_scale(args: argparse.Namespace) -> int:
+    from rich.console import Console
+
+    from pool.bench import scale
+
+    if args.pending < 1:
+        raise UsageError("--pending must be at least 1")
+    for table in scale.tables(args.runs, args.pending):
+        Console().print(table)
+    return 0
+
+
+def _check(args: argparse.Namespace) -> None:
+    """:raises UsageError: for a bad flag, named."""
+    if args.workers < 1 or args.runs < 1 or args.tasks < 1:
+        raise UsageError("--workers, --runs and --tasks must be at least 1")
+    if args.chart and not args.peers:
+        raise UsageError("--chart draws the ratios to the peers: add --peers")
+    if args.chart and importlib.util.find_spec("matplotlib") is None:
+        raise UsageError(
+            "--chart needs matplotlib: .venv/bin/pip install -e '.[bench]'"
+        )
