@@ -25,6 +25,7 @@ import uvloop
 from discovery import Subscriber, list_workers
 from pool.bench.pools import Executor, MpAdapter, MpFuture
 from pool.bench.tasks import burn, noop
+from pool.client.executor import Client
 
 CPU_TASK_S: Final = 0.02
 CPU_TASKS: Final = 64
@@ -82,7 +83,11 @@ def map_rate(executor: Executor, tasks: int, *, chunked: bool) -> float:
     if isinstance(executor, MpAdapter):
         pool = executor.pool
         results = pool.map(noop, calls) if chunked else pool.imap(noop, calls)
-    elif isinstance(executor, concurrent.futures.Executor) and chunked:
+    elif (  # (a peer's: ours keeps its defaults)
+        chunked
+        and isinstance(executor, concurrent.futures.Executor)
+        and not isinstance(executor, Client)
+    ):
         results = executor.map(noop, calls, chunksize=PEER_CHUNKSIZE)
     else:
         results = executor.map(noop, calls)
