@@ -5,8 +5,7 @@ Three tables (see ``benchmarks/README.md``), each of no-op tasks
 
 - by workers: ``Pool(workers=n)`` for each n of :data:`WORKERS`, its time
   to be ready, its round trip p50 and its ``submit`` rate (256 in
-  flight), beside ``ProcessPoolExecutor(n)``'s rate in the same run (its
-  workers started by a forkserver);
+  flight), beside ``ProcessPoolExecutor(n)``'s rate in the same run;
 - by clients: 1, 4 and 16 client processes sharing one ``Pool(8)``, all
   released at once, each keeping its share of 256 tasks in flight for
   :data:`CLIENT_S`; the total rate and the slowest client's over the
@@ -21,7 +20,6 @@ from __future__ import annotations
 
 import concurrent.futures
 import gc
-import multiprocessing
 import os
 import statistics
 import subprocess
@@ -64,10 +62,7 @@ def _one_size(n: int) -> Row:
         client.submit(noop).result()
         row = {"ready": ready, "rtt": rtt_ms(client), "submit": 0.0}
         row["submit"] = submit_rate(client, SUBMITS)
-    # (Its workers from a forkserver: a fork of this process, whose gRPC
-    # threads still run, once left a pool of 128 started after it hung.)
-    forkserver = multiprocessing.get_context("forkserver")
-    with concurrent.futures.ProcessPoolExecutor(n, mp_context=forkserver) as peer:
+    with concurrent.futures.ProcessPoolExecutor(n) as peer:
         list(peer.map(noop, range(n)))  # (it starts its workers lazily)
         row["ppe"] = submit_rate(peer, SUBMITS)
     return row
