@@ -42,12 +42,17 @@ def start(open_pool: Callable[[], Any]) -> float:
 
 
 def rtt_ms(executor: Executor, samples: int = RTT_SAMPLES) -> float:
+    return statistics.median(round_trips_ms(executor, samples))
+
+
+def round_trips_ms(executor: Executor, samples: int) -> list[float]:
+    """``samples`` no-op round trips, one after another (ms each)."""
     times = []
     for _ in range(samples):
         started = time.perf_counter()
         executor.submit(noop, 1).result()
-        times.append(time.perf_counter() - started)
-    return statistics.median(times) * 1e3
+        times.append((time.perf_counter() - started) * 1e3)
+    return times
 
 
 def submit_rate(executor: Executor, tasks: int) -> float:

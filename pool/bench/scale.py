@@ -12,13 +12,16 @@ Three tables (see ``benchmarks/README.md``), each of no-op tasks
   fastest's;
 - a deep queue: ``pending`` no-ops submitted behind 8 tasks that hold
   every worker; the memory each pending task takes in the client and in
-  the dispatcher, and how long a new client waits for the dispatcher's
-  answer to a question (its workers) beside the same question idle.
+  the dispatcher, how long a new client waits for the dispatcher's
+  answer to a question (its workers) beside the same question idle, and,
+  once the workers are let go, a new client's round trip (from a process
+  of its own) while the backlog drains, beside the same idle.
 """
 
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import gc
 import os
 import statistics
@@ -26,12 +29,13 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, Final
 
 from rich.table import Table
 
-from pool.bench.measures import IN_FLIGHT, rtt_ms, submit_rate
+from pool.bench.measures import IN_FLIGHT, round_trips_ms, rtt_ms, submit_rate
 from pool.bench.tasks import gate, noop
 from pool.cli.inspect import dispatcher_view
 from pool.client.embedded import Pool
@@ -42,6 +46,7 @@ WORKERS: Final = (1, 2, 8, 32, 128)
 CLIENTS: Final = (1, 4, 16)
 CLIENT_S: Final = 3.0
 SUBMITS: Final = 10_000
+DRAIN_RTT_SAMPLES: Final = 100  # (few: measured while a backlog drains)
 Row = dict[str, float]
 
 
@@ -85,8 +90,19 @@ def by_clients(runs: int) -> dict[int, Row]:
 def _clients(namespace: str, k: int) -> list[float]:
     """Start ``k`` client processes, release them together once all are
     connected, and return each one's rate."""
-    share = max(16, IN_FLIGHT // k)
-    argv = [sys.executable, "-m", "pool.bench.scale", namespace, str(share)]
+    share = str(max(16, IN_FLIGHT // k))
+    with _client_processes(namespace, share, k) as procs:
+        _release(procs)
+        return [float(proc.communicate(timeout=120)[0]) for proc in procs]
+
+
+@contextlib.contextmanager
+def _client_processes(
+    namespace: str, mode: str, k: int = 1
+) -> Iterator[list[subprocess.Popen[str]]]:
+    """``k`` client processes of :func:`_client_main`, each connected and
+    waiting to be released (killed if still running when the block ends)."""
+    argv = [sys.executable, "-m", "pool.bench.scale", namespace, mode]
     procs = [
         subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
         for _ in range(k)
@@ -96,11 +112,7 @@ def _clients(namespace: str, k: int) -> list[float]:
             assert proc.stdout is not None
             if proc.stdout.readline().strip() != "ready":
                 raise RuntimeError("a client process did not connect")
-        for proc in procs:
-            assert proc.stdin is not None
-            proc.stdin.write("go\n")
-            proc.stdin.flush()
-        return [float(proc.communicate(timeout=120)[0]) for proc in procs]
+        yield procs
     finally:
         for proc in procs:
             if proc.poll() is None:
@@ -108,14 +120,31 @@ def _clients(namespace: str, k: int) -> list[float]:
                 proc.wait()
 
 
-def _client_main(namespace: str, in_flight: int) -> None:
-    """One client process of :func:`by_clients`: say ready, wait for go,
-    keep ``in_flight`` no-ops going for :data:`CLIENT_S`, print the rate."""
+def _release(procs: list[subprocess.Popen[str]]) -> None:
+    """Let the client processes go, together."""
+    for proc in procs:
+        assert proc.stdin is not None
+        proc.stdin.write("go\n")
+        proc.stdin.flush()
+
+
+def _client_main(namespace: str, mode: str) -> None:
+    """One client process: say ready once connected, wait for go, then
+    print its round trip p50 in ms (``mode`` "rtt", :func:`deep_queue`), or
+    keep ``mode`` no-ops in flight for :data:`CLIENT_S` and print the rate
+    (:func:`by_clients`; then ready comes after a first task answered)."""
     with Client(namespace) as client:
-        client.submit(noop).result()
+        if mode == "rtt":
+            assert client.max_workers >= 1
+        else:
+            client.submit(noop).result()
         print("ready", flush=True)
         sys.stdin.readline()
-        done = 0
+        if mode == "rtt":
+            times = round_trips_ms(client, DRAIN_RTT_SAMPLES)
+            print(statistics.median(times), max(times), flush=True)
+            return
+        in_flight, done = int(mode), 0
         futures: list[concurrent.futures.Future[Any]] = []
         end = time.monotonic() + CLIENT_S
         while time.monotonic() < end:
@@ -126,16 +155,33 @@ def _client_main(namespace: str, in_flight: int) -> None:
         print(done / CLIENT_S, flush=True)
 
 
+def _new_client_rtt_ms(
+    namespace: str, first: Callable[[], Any] = bool
+) -> tuple[float, float]:
+    """A new client process's round trip, p50 and slowest of
+    :data:`DRAIN_RTT_SAMPLES` (ms), measured once it has connected and
+    ``first`` has been called."""
+    with _client_processes(namespace, "rtt") as procs:
+        first()
+        _release(procs)
+        p50, slowest = procs[0].communicate(timeout=300)[0].split()
+        return float(p50), float(slowest)
+
+
 def deep_queue(pending: int) -> Row:
     """Memory per pending task (bytes) in the client and per task the
-    dispatcher holds (how many it took: ``dispatcher_held``), and the
-    dispatcher's answer to a new client, loaded over idle (ratio)."""
+    dispatcher holds (how many it took: ``dispatcher_held``), the
+    dispatcher's answer to a new client, loaded over idle (ratio), and a
+    new client's round trip once the backlog drains, over idle (ratio)."""
     with tempfile.TemporaryDirectory() as scratch:
         opened = Path(scratch) / "open"
         embedded = Pool(workers=8, max_queued=pending + 1_000)
         with embedded as client:
             dispatcher = _dispatcher_pid(embedded.log.getvalue())
-            idle = _ask_slots_ms(client.namespace)
+            idle = (
+                _ask_slots_ms(client.namespace),
+                _new_client_rtt_ms(client.namespace),
+            )
             holders = [client.submit(gate, str(opened)) for _ in range(8)]
             before = (_rss(os.getpid()), _rss(dispatcher))
             futures = [client.submit(noop) for _ in range(pending)]
@@ -143,13 +189,17 @@ def deep_queue(pending: int) -> Row:
             gc.collect()
             after = (_rss(os.getpid()), _rss(dispatcher))
             loaded = _ask_slots_ms(client.namespace)
-            opened.touch()
+            draining = _new_client_rtt_ms(client.namespace, opened.touch)
+            left = sum(1 for f in futures if not f.done())
             concurrent.futures.wait(futures + holders)
     return {
         "client_b": (after[0] - before[0]) / pending,
         "dispatcher_b": (after[1] - before[1]) / max(held, 1),
         "dispatcher_held": held,
-        "answer": loaded / idle,
+        "answer": loaded / idle[0],
+        "rtt": draining[0] / idle[1][0],
+        "rtt_max": draining[1] / idle[1][0],
+        "left": left,
     }
 
 
@@ -265,8 +315,16 @@ def _queue_table(deep: Row, pending: int) -> Table:
         f"{deep['dispatcher_b']:,.0f} B",
     )
     grid.add_row("a new client's first answer, loaded / idle", f"{deep['answer']:.2f}x")
+    draining = f"while it drains ({deep['left']:,.0f} still pending after)"
+    grid.add_row(
+        f"a new client's round trip p50 {draining}, over idle p50",
+        f"{deep['rtt']:.2f}x",
+    )
+    grid.add_row(
+        f"its slowest of {DRAIN_RTT_SAMPLES}, over idle p50", f"{deep['rtt_max']:.2f}x"
+    )
     return grid
 
 
 if __name__ == "__main__":
-    _client_main(sys.argv[1], int(sys.argv[2]))
+    _client_main(sys.argv[1], sys.argv[2])

@@ -240,3 +240,32 @@ def test_wait_with_a_timeout_leaves_the_held_call_pending(gates: Path) -> None:
         assert done == {cancelled, failed, succeeded} and not_done == {held}
         (gates / "gate").touch()
         assert held.result(timeout=DEADLINE_S) > 0
+
+
+def test_a_second_clients_task_waits_for_a_turn_not_for_the_first_ones_backlog(
+    gates: Path,
+) -> None:
+    """The one worker of a Pool(1) is held, and its client queues 100 tasks
+    behind the holder; a second client then sends one. Once the gate opens,
+    the second client's task runs within the first few: the dispatcher
+    serves its clients in turn, one task each.
+
+    Regression: one queue served every client in arrival order, so a new
+    client's task waited behind everything another had queued."""
+    log = gates / "log"
+    with Pool(workers=1) as client:
+        holder = _hold(client, gates / "gate")
+        first = [
+            client.submit(sample_tasks.gated, str(gates / "gate"), i, str(log))
+            for i in range(100)
+        ]
+        wait_until(lambda: _unsettled(client.namespace) == 101, DEADLINE_S)
+        with Client(client.namespace) as other:
+            second = other.submit(sample_tasks.gated, str(gates / "gate"), -1, str(log))
+            wait_until(lambda: _unsettled(client.namespace) == 102, DEADLINE_S)
+            (gates / "gate").touch()
+            assert second.result(timeout=DEADLINE_S) == -1
+        assert _all_done([holder, *first])
+    order = [int(line) for line in log.read_text().split()]
+    assert sorted(order) == [-1, *range(100)]
+    assert order.index(-1) < 4, f"the second client's task ran {order.index(-1) + 1}th"

@@ -19,7 +19,7 @@ from pool import NoWorkerAvailable, PoolStopping, WorkerLost
 from pool.dispatcher.jobs import Job, LinkEvents
 from pool.dispatcher.links import MAX_AHEAD_PER_SLOT, WorkerLink
 from pool.dispatcher.placement import MAX_UNTAKEN_LOSSES, Router
-from pool.dispatcher.queue import LeastLoaded
+from pool.dispatcher.queue import LeastLoaded, TaskQueue
 from workers.protocol import codec
 from workers.protocol.worker_pb2 import Chunk, FetchRequest, Result, Task
 
@@ -583,3 +583,34 @@ def test_least_loaded_picks_as_a_scan_of_every_link_would() -> None:
             assert chooser.choose(job) is expected
             if expected is not None:
                 expected.send(job)
+
+
+def test_the_queue_serves_given_back_jobs_then_each_client_in_turn() -> None:
+    """A job given back goes first; then one job of each client in turn. A
+    job no link can take (its tags) keeps its place in its client's line,
+    and goes once a link with its tags has room."""
+    first, second = Owner(), Owner()
+    queue = TaskQueue(100)
+    jobs = {
+        name: Job(Task(id=n), frozenset({"gpu"} if name == "a1" else ()), owner, n)
+        for n, (name, owner) in enumerate(
+            [("a0", first), ("a1", first), ("a2", first), ("b0", second)]
+            + [("b1", second), ("back", second)]
+        )
+    }
+    for name in ("a0", "a1", "a2", "b0", "b1"):
+        queue.push(jobs[name])
+    queue.push(jobs["back"], front=True)
+    plain = FakeLink(
+        WorkerInfo(uuid.uuid4(), "unix:/p", 1, "1", capacity=10), _NoEvents()
+    )
+    queue.place(LeastLoaded([plain]))  # type: ignore[list-item]
+    names = {id(job): name for name, job in jobs.items()}
+    assert [names[id(j)] for j in plain.unwritten] == ["back", "a0", "b0", "b1", "a2"]
+    assert queue and queue.waiting == 1
+    gpu = FakeLink(
+        WorkerInfo(uuid.uuid4(), "unix:/g", 2, "1", frozenset({"gpu"})), _NoEvents()
+    )
+    queue.place(LeastLoaded([plain, gpu]))  # type: ignore[list-item]
+    assert gpu.unwritten == [jobs["a1"]]
+    assert not queue and queue.waiting == 0
