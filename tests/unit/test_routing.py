@@ -591,12 +591,11 @@ def test_the_queue_serves_given_back_jobs_then_each_client_in_turn() -> None:
     and goes once a link with its tags has room."""
     first, second = Owner(), Owner()
     queue = TaskQueue(100)
+    lines = {"a0": first, "a1": first, "a2": first, "b0": second}
+    lines |= {"b1": second, "back": second}
     jobs = {
         name: Job(Task(id=n), frozenset({"gpu"} if name == "a1" else ()), owner, n)
-        for n, (name, owner) in enumerate(
-            [("a0", first), ("a1", first), ("a2", first), ("b0", second)]
-            + [("b1", second), ("back", second)]
-        )
+        for n, (name, owner) in enumerate(lines.items())
     }
     for name in ("a0", "a1", "a2", "b0", "b1"):
         queue.push(jobs[name])
@@ -604,13 +603,13 @@ def test_the_queue_serves_given_back_jobs_then_each_client_in_turn() -> None:
     plain = FakeLink(
         WorkerInfo(uuid.uuid4(), "unix:/p", 1, "1", capacity=10), _NoEvents()
     )
-    queue.place(LeastLoaded([plain]))  # type: ignore[list-item]
+    queue.place(LeastLoaded([plain]))
     names = {id(job): name for name, job in jobs.items()}
     assert [names[id(j)] for j in plain.unwritten] == ["back", "a0", "b0", "b1", "a2"]
     assert queue and queue.waiting == 1
     gpu = FakeLink(
         WorkerInfo(uuid.uuid4(), "unix:/g", 2, "1", frozenset({"gpu"})), _NoEvents()
     )
-    queue.place(LeastLoaded([plain, gpu]))  # type: ignore[list-item]
+    queue.place(LeastLoaded([plain, gpu]))
     assert gpu.unwritten == [jobs["a1"]]
     assert not queue and queue.waiting == 0
