@@ -15,7 +15,7 @@ import pytest
 import pool
 from pool import Client
 from tests import sample_tasks
-from tests.helpers import DEADLINE_S, wait_until
+from tests.helpers import DEADLINE_S, run_script, wait_until
 from tests.pools import running_pool
 
 pytestmark = pytest.mark.integration
@@ -66,3 +66,72 @@ def test_pool_takes_any_callable_as_initializer() -> None:
     init = functools.partial(sample_tasks.set_base, log="")
     with pool.Pool(workers=1, initializer=init, initargs=("7",)) as client:
         assert client.submit(sample_tasks.read_base).result(DEADLINE_S)[0] == "7"
+
+
+SCRIPT_GLOBALS = """
+import concurrent.futures
+import multiprocessing
+
+import pool
+
+MODEL = None
+COUNT = 0
+
+
+def load(name):
+    global MODEL
+    MODEL = name
+
+
+def use(_):
+    return MODEL
+
+
+def bump():
+    global COUNT
+    COUNT += 1
+    return COUNT
+
+
+def read():
+    return COUNT
+
+
+def shout():
+    return MODEL + "!"
+
+
+def run(executor):
+    models = sorted({executor.submit(use, i).result() for i in range(8)})
+    counts = [executor.submit(bump).result(), executor.submit(read).result()]
+    return models, counts, executor.submit(shout).result()
+
+
+if __name__ == "__main__":
+    theirs = concurrent.futures.ProcessPoolExecutor(
+        1, multiprocessing.get_context("spawn"), initializer=load, initargs=("small",)
+    )
+    with theirs:
+        print("ppe", run(theirs))
+    with pool.Pool(workers=1, initializer=load, initargs=("small",)) as ours:
+        print("pool", run(ours), ours.submit(lambda: (MODEL, COUNT)).result())
+    with pool.Pool(workers=2, initializer=load, initargs=("small",)) as ours:
+        print("two", sorted({ours.submit(use, i).result() for i in range(8)}))
+    print("client", MODEL, COUNT)
+"""
+
+
+@pytest.mark.timeout(120)
+def test_a_scripts_functions_share_its_globals_in_the_worker(tmp_path: Path) -> None:
+    """A script's initializer sets a global its tasks read, and a task's
+    global is seen by the next task on that worker, as under
+    ProcessPoolExecutor (run beside it): the script's functions share one
+    namespace in each worker, however they travel (a lambda too); the
+    client's own globals are untouched."""
+    expected = "(['small'], [1, 1], 'small!')"
+    assert run_script(tmp_path, "script.py", SCRIPT_GLOBALS, timeout_s=100) == [
+        f"ppe {expected}",
+        f"pool {expected} ('small', 1)",
+        "two ['small']",
+        "client None 0",
+    ]

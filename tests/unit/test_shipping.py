@@ -5,9 +5,12 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import os
 import pickle
 import sys
 import traceback
+import uuid
+from types import ModuleType
 from typing import Any
 
 import pytest
@@ -16,7 +19,7 @@ from pool.client.core import Submissions
 from pool.client.ledger import Ledger
 from tests import sample_tasks
 from workers import imports
-from workers.protocol import shipping
+from workers.protocol import namespaces, shipping
 from workers.protocol.errors import FunctionNotFound
 from workers.protocol.worker_pb2 import Task
 
@@ -216,3 +219,67 @@ def test_shipped_code_keeps_its_file_name_and_a_traceback_its_lines() -> None:
     assert shipping.fill_source_lines(filled) == filled  # a line is not added twice
     unknown = '  File "/nowhere/at/all.py", line 3, in f\n'
     assert shipping.fill_source_lines(unknown) == unknown
+
+
+MODULE_CODE = """
+MODEL = None
+
+def load(name):
+    global MODEL
+    MODEL = name
+
+def use():
+    return MODEL
+"""
+
+
+@pytest.fixture
+def script_module(monkeypatch: pytest.MonkeyPatch) -> Any:
+    """A module of this process's, shipped by value as a script is."""
+    module = ModuleType("shmp_script_under_test")
+    exec(MODULE_CODE, vars(module))
+    monkeypatch.setitem(sys.modules, module.__name__, module)
+    shipping.ship_by_value(module)
+    try:
+        yield module
+    finally:
+        import cloudpickle
+
+        cloudpickle.unregister_pickle_by_value(module)
+
+
+def _in_another_process(monkeypatch: pytest.MonkeyPatch, data: bytes) -> Any:
+    """Unpickle ``data`` as a worker would: in a process of another session."""
+    with monkeypatch.context() as other:
+        other.setattr(namespaces, "_session", (os.getpid(), uuid.uuid4().hex))
+        return pickle.loads(data)
+
+
+def test_functions_of_one_module_share_its_globals_where_they_run(
+    script_module: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An initializer and a task of one script, shipped apart, see one
+    namespace in the worker: what the first sets the second reads, and a
+    later shipment of the script's functions does not undo it; a function
+    defined again replaces the old one there (a notebook cell run again)."""
+    load = _in_another_process(monkeypatch, shipping.dumps(script_module.load))
+    use = _in_another_process(monkeypatch, shipping.dumps(script_module.use))
+    assert use.__globals__ is load.__globals__ is not vars(script_module)
+    load("small")
+    again = _in_another_process(monkeypatch, shipping.dumps(script_module.use))
+    assert (use(), again(), script_module.use()) == ("small", "small", None)
+    exec("def helper():\n    return 'new'\n", vars(script_module))
+    exec("def use():\n    return helper()\n", vars(script_module))
+    redefined = _in_another_process(monkeypatch, shipping.dumps(script_module.use))
+    assert redefined() == "new" and redefined.__globals__ is use.__globals__
+
+
+def test_a_module_function_coming_back_is_the_clients_own(
+    script_module: Any,
+) -> None:
+    """Unpickled in the process that shipped it, a function's namespace is
+    its module's own, whose values it leaves alone."""
+    script_module.MODEL = "mine"
+    back = pickle.loads(shipping.dumps(script_module.use))
+    assert back.__globals__ is vars(script_module)
+    assert (back(), script_module.MODEL) == ("mine", "mine")

@@ -51,6 +51,8 @@ from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from typing import Any, ClassVar, Final, Protocol
 
+from workers.protocol import namespaces
+
 # How much one stream's cache holds (the same limits at both of its ends).
 MAX_FUNCTIONS: Final = 256
 MAX_CACHED_BYTES: Final = 64 * 1024 * 1024
@@ -232,6 +234,20 @@ def _pickler_class() -> type:
             dispatch_table: ClassVar = ChainMap(
                 {types.CodeType: code_keeping_file}, cloudpickle.Pickler.dispatch_table
             )
+
+            def _function_getnewargs(self, func: types.FunctionType) -> Any:
+                code, fields, *rest = super()._function_getnewargs(func)
+                key = namespaces.key_of(func.__globals__)
+                if key is None:
+                    return (code, fields, *rest)
+                shared = namespaces.Shared(key, tuple(sorted(fields.items())))
+                return (code, shared, *rest)
+
+            def _dynamic_function_reduce(self, func: types.FunctionType) -> Any:
+                reduced = super()._dynamic_function_reduce(func)
+                if not isinstance(reduced[1][1], namespaces.Shared):
+                    return reduced
+                return (*reduced[:5], namespaces.set_function_state)
 
         _pickler = Pickler
     return _pickler
