@@ -72,7 +72,7 @@ def test_path_adds_where_workers_import_from(namespace: str, tmp_path: Path) -> 
             assert missing.returncode == 1
             assert "cannot import module 'mytasks'" in missing.stderr
             assert f"working directory {str(tmp_path)!r}" in missing.stderr
-            assert "--path" in missing.stderr
+            assert "--path" in missing.stderr and "ship_modules" in missing.stderr
     finally:
         assert not (paths.SHM_DIR / paths.segment_name(other)).exists()
 

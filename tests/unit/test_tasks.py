@@ -10,7 +10,7 @@ import pytest
 from pool import TaskTimeout
 from tests import sample_tasks
 from workers.protocol import codec
-from workers.protocol.errors import ArgumentsTooLarge, BadTask
+from workers.protocol.errors import ArgumentsTooLarge, BadTask, FunctionNotFound
 
 pytestmark = pytest.mark.timeout(10)
 
@@ -26,6 +26,20 @@ def test_calls_round_trip_and_bad_ones_are_refused() -> None:
         codec.load_call(b"\x80\x05junk")
     with pytest.raises(BadTask, match=r"pickled \(tuple, dict\) pair"):
         codec.load_call(pickle.dumps([1, 2]))
+
+
+def test_arguments_naming_a_module_the_worker_lacks_say_what_to_do() -> None:
+    """An argument whose class the worker cannot import is FunctionNotFound,
+    whose message names the module and the fixes, ship_modules among them.
+
+    Regression: it was a bare "arguments do not unpickle: ModuleNotFoundError"."""
+    data = codec.dump_call((sample_tasks.Scaler(2),), {})
+    data = data.replace(b"tests.sample_tasks", b"tests.sample_taskz")
+    with pytest.raises(FunctionNotFound) as raised:
+        codec.load_call(data)
+    message = str(raised.value)
+    assert message.startswith("the task's arguments need module 'tests.sample_taskz'")
+    assert "--path" in message and "ship_modules=[module]" in message
 
 
 def test_an_exception_that_cannot_be_printed_still_makes_a_failure() -> None:

@@ -35,6 +35,7 @@ from workers.protocol.errors import (
     ArgumentsTooLarge,
     BadTask,
     DataGone,
+    FunctionNotFound,
     RemoteError,
     RemoteTraceback,
     TaskIdReused,
@@ -95,6 +96,7 @@ def load_call(
 
     :raises ArgumentsTooLarge: if what the message carries is over ``max_bytes``.
     :raises DataGone: if the shared memory they lie in is gone.
+    :raises FunctionNotFound: if they name a module the worker cannot import.
     :raises BadTask: if they are not a pickled (tuple, dict).
     """
     inline = args.pickle if isinstance(args, Data) else args
@@ -107,6 +109,11 @@ def load_call(
         call = _loads_call(args)
     except DataGone:
         raise
+    except ImportError as exc:
+        raise FunctionNotFound(
+            f"the task's arguments need module {exc.name!r}, which the worker "
+            f"cannot import ({exc}); {shipping.where_imports_look()}"
+        ) from None
     except Exception as exc:
         raise BadTask(
             f"arguments do not unpickle: {type(exc).__name__}: {exc}"

@@ -27,7 +27,8 @@ class BadTask(TaskError, ValueError):
 
 
 class FunctionNotFound(BadTask):
-    """The task's module does not import, or has no such qualname."""
+    """The task's module (or one its arguments name) does not import, or
+    has no such qualname."""
 
     status = grpc.StatusCode.NOT_FOUND
 
