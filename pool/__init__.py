@@ -24,6 +24,7 @@ _HOMES: dict[str, str] = {
     "Client": "pool.client.executor",
     "Pool": "pool.client.embedded",
     "ObjectRef": "pool.client.refs",
+    "as_completed": "pool.client.progress",
     "NoWorkerAvailable": "pool.errors",
     "PoolAlreadyRunning": "pool.errors",
     "PoolError": "pool.errors",
@@ -51,6 +52,7 @@ if TYPE_CHECKING:
     from pool.client.async_client import AsyncClient
     from pool.client.embedded import Pool
     from pool.client.executor import Client
+    from pool.client.progress import as_completed
     from pool.client.refs import ObjectRef
     from pool.errors import (
         NoWorkerAvailable,
@@ -117,4 +119,5 @@ __all__ = [
     "TaskTimeout",
     "WorkerLost",
     "__version__",
+    "as_completed",
 ]

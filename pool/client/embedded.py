@@ -9,6 +9,11 @@ A pool still open when the interpreter exits is stopped then, after its
 client's pending futures are done (as ``ProcessPoolExecutor`` does). If
 this process is killed instead, its children exit by themselves, and the
 next pool to start removes what this one left (``discovery.sweep_dead``).
+
+In a notebook, or with a dashboard, the workers' output comes back through
+the pool (``capture_output``): each line a task prints is written to the
+stdout the pool was made under (the cell's), prefixed by its worker, and
+shown on the dashboard. In a script it goes straight to the terminal.
 """
 
 from __future__ import annotations
@@ -18,19 +23,37 @@ import atexit
 import contextlib
 import dataclasses
 import io
+import sys
 import threading
 import uuid
-from typing import Any, Final
+from typing import Any, Final, TextIO
 
 import uvloop
 
 from pool.client.executor import Client
+from pool.client.progress import in_notebook
 from pool.errors import PoolError, leaves
 from pool.supervisor.orchestration import Supervisor
 from pool.supervisor.settings import PoolSettings
-from pool.supervisor.view import PlainView
+from pool.supervisor.view import PlainView, output_line
 
 START_TIMEOUT_S: Final = 60.0
+
+
+class EchoView(PlainView):
+    """The pool's lines, kept in ``log``; a task's output line is written
+    to ``echo`` too (the stdout of the code that made the pool: a notebook's
+    cell), prefixed by its worker as ``pool up`` shows it, then logged."""
+
+    def __init__(self, log: TextIO, echo: TextIO | None) -> None:
+        super().__init__(log)
+        self._echo = echo
+
+    def output(self, name: str, pid: int, text: str) -> None:
+        if self._echo is not None:
+            self._echo.write(output_line(name, pid, text) + "\n")
+            self._echo.flush()
+        super().output(name, pid, text)
 
 
 class Pool:
@@ -69,8 +92,13 @@ class Pool:
             namespace = f"pool-{uuid.uuid4().hex[:12]}"
         if workers is not None:
             settings["workers"] = workers
+        # In a notebook (whose cells do not see the workers' own stdout) and
+        # for a dashboard, the tasks' output comes back through the pool.
+        echo = in_notebook() or bool(settings.get("dashboard"))
+        settings.setdefault("capture_output", echo)
         self.settings = PoolSettings(namespace=namespace, **settings)
         self.log = io.StringIO()  # what `pool up` would have printed
+        self._view = EchoView(self.log, sys.stdout if echo else None)
         self._thread: threading.Thread | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stop: asyncio.Event | None = None
@@ -125,7 +153,7 @@ class Pool:
                 self.dashboard_url = supervisor.dashboard.url
             self._ready.set()
 
-        supervisor = Supervisor(self.settings, PlainView(self.log), started)
+        supervisor = Supervisor(self.settings, self._view, started)
         await supervisor.run(self._stop, asyncio.Event())
 
     def _shutdown(self) -> None:

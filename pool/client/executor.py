@@ -38,6 +38,7 @@ from pool.client.core import (
     open_options,
 )
 from pool.client.loop import LoopThread, interpreter_exiting
+from pool.client.progress import Progress, follow, open_bar
 from pool.client.refs import ObjectRef
 from pool.client.store import NO_STORE
 from workers.protocol import codec, shipping
@@ -163,10 +164,13 @@ class Client(concurrent.futures.Executor):
         *iterables: Iterable[Any],
         timeout: float | None = None,
         chunksize: int | None = None,
+        progress: Progress = False,
     ) -> Iterator[Any]:
         """Like :meth:`Executor.map`: every call is submitted now, results come
         in order, each released once yielded, and a call's exception is
         raised when its turn comes; ``timeout`` counts from this call.
+        ``progress=True`` draws a bar of the calls done (on a terminal or in
+        a notebook; or pass a tqdm-like class: :mod:`pool.client.progress`).
 
         ``chunksize`` calls travel and run as one task (1: a task per call,
         as ``ProcessPoolExecutor`` does by default). By default the size
@@ -186,25 +190,33 @@ class Client(concurrent.futures.Executor):
             failed: concurrent.futures.Future[Any] = concurrent.futures.Future()
             failed.set_exception(exc)
             return _in_order([failed], deadline)
-        results = _in_order(self._send_all(plan, ref), deadline)
+        futures, sizes = self._send_all(plan, ref)
+        bar = open_bar(progress, sum(sizes), _name_of(fn))
+        if bar is not None:
+            follow(bar, futures, sizes)
+        results = _in_order(futures, deadline, bar.close if bar else None)
         if not plan.chunked:
             return results
         return _flatten(results, functools.partial(self._submissions.timed, ref))
 
     def _send_all(
         self, plan: MapPlan, ref: shipping.Reference
-    ) -> list[concurrent.futures.Future[Any]]:
+    ) -> tuple[list[concurrent.futures.Future[Any]], list[int]]:
         """Every task of a map, sent (an object passed to many of its calls,
-        such as ``[a] * 16``, is written to shared memory once)."""
+        such as ``[a] * 16``, is written to shared memory once), and the
+        calls each carries."""
         store = self._runner.store
         with store.one_call() if store else contextlib.nullcontext():
-            first = plan.first(self._submissions.per_call_s(ref))
+            tasks = plan.first(self._submissions.per_call_s(ref))
             chunk = plan.chunked
-            futures = [self._send(ref, args, {}, chunk=chunk) for args in first]
+            futures = [self._send(ref, args, {}, chunk=chunk) for args in tasks]
             if plan.adaptive:
                 rest = plan.rest(_time_per_call(futures))
                 futures += [self._send(ref, args, {}, chunk=True) for args in rest]
-        return futures
+                tasks += rest
+        # (a chunk's arguments: its slice of each column; the first's length)
+        sizes = [len(args[0][0]) if chunk and args[0] else 1 for args in tasks]
+        return futures, sizes
 
     def put(self, value: Any) -> ObjectRef:
         """Store ``value`` once in the pool's shared memory, as ``ray.put``
@@ -264,11 +276,19 @@ def _time_per_call(futures: list[concurrent.futures.Future[Any]]) -> float | Non
             return None  # the probe failed: so will the rest, one by one
 
 
+def _name_of(fn: Callable[..., Any]) -> str:
+    """What a bar calls ``fn``."""
+    return getattr(fn, "__qualname__", None) or type(fn).__name__
+
+
 def _in_order(
-    futures: list[concurrent.futures.Future[Any]], deadline: float | None
+    futures: list[concurrent.futures.Future[Any]],
+    deadline: float | None,
+    ended: Callable[[], None] | None = None,
 ) -> Iterator[Any]:
     """Each future's result in order, each future dropped once its result is
-    taken (as ``Executor.map`` does); whatever is left is cancelled."""
+    taken (as ``Executor.map`` does); whatever is left is cancelled, and
+    ``ended`` called."""
     futures.reverse()
     try:
         while futures:
@@ -277,6 +297,8 @@ def _in_order(
     finally:
         for future in futures:
             future.cancel()
+        if ended is not None:
+            ended()
 
 
 def _result_or_cancel(
