@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import itertools
 import pickle
+import uuid
 from collections.abc import Callable, Iterable, Iterator
 from types import ModuleType
 from typing import Any, Final, TypedDict
@@ -19,7 +20,7 @@ from pool.client.rendezvous import Locator
 from pool.client.store import HOLD_NOTHING, Hold, Store
 from pool.dispatcher_pb2 import Submission
 from workers.protocol import codec, payload, shipping, transfer
-from workers.protocol.worker_pb2 import Result
+from workers.protocol.worker_pb2 import MapPart, Result
 
 # map's adaptive chunks (see Client.map): the first calls go one per task,
 PROBE_CALLS: Final = 8
@@ -72,6 +73,12 @@ def dropped(result: Result, store: Store | None) -> None:
 Args = tuple[Any, ...]  # a call's positional arguments
 
 
+def calls_in(args: Args, chunk: bool) -> int:
+    """The calls a task of these arguments carries (a chunk's: its slice of
+    each column, :func:`_slices`)."""
+    return len(args[0][0]) if chunk and args[0] else 1
+
+
 class Submissions:
     """What both clients put on a task: a fresh id, the callable (by name,
     or by value: see :mod:`workers.protocol.shipping`), the pickled call, and the
@@ -90,6 +97,8 @@ class Submissions:
         self._tags = tuple(tags)
         self.timeout_s = task_timeout_s or 0.0
         self._ids = itertools.count(1)
+        self._maps = itertools.count(1)
+        self._client = uuid.uuid4().hex[:8]  # (names its maps on the dashboard)
         self._ship_modules = tuple(_ship(module) for module in ship_modules)
         # How long one call of each callable ran in a map's last chunk (by
         # name, or digest): a later map of it skips the probes.
@@ -124,10 +133,12 @@ class Submissions:
         *,
         chunk: bool = False,
         store: Store | None = None,
+        part: MapPart | None = None,
     ) -> tuple[Submission, bytes, Hold]:
         """A submission calling ``ref``, the code to ship with it, and what
         its arguments hold in shared memory (through ``store``, when the
-        pool shares this machine's) until it is answered.
+        pool shares this machine's) until it is answered; ``part``: which
+        map it is of, for the dashboard (:meth:`map_part`).
 
         :raises ArgumentsTooLarge: if its function would not fit a message.
         :raises SharedMemoryFull: if its arguments do not fit shared memory.
@@ -155,7 +166,15 @@ class Submissions:
             task.timeout_s = self.timeout_s
         if chunk:
             task.chunk = True
+        if part is not None:
+            task.map.CopyFrom(part)
+            task.map.calls = calls_in(args, chunk)
         return submission, ref.code, hold
+
+    def map_part(self, total: int) -> MapPart:
+        """A new map's part, of ``total`` calls (each task sets its own
+        ``calls``)."""
+        return MapPart(id=f"{self._client}/{next(self._maps)}", total=total)
 
 
 class ClientOptions(TypedDict, total=False):
@@ -277,7 +296,7 @@ class MapPlan:
         self.adaptive = chunksize is None
         self._size = chunksize
         self._columns = _columns(iterables)
-        self._calls = len(self._columns[0]) if self._columns else 0
+        self.calls = len(self._columns[0]) if self._columns else 0
 
     def first(self, per_call_s: float | None = None) -> list[tuple[Any, ...]]:
         """The arguments of the tasks to send now: every call (one per
@@ -288,7 +307,7 @@ class MapPlan:
             return list(zip(*self._columns, strict=True))
         if self.adaptive and per_call_s is not None:
             self.adaptive = False
-            size = auto_chunksize(per_call_s, self._calls, _call_bytes(self._columns))
+            size = auto_chunksize(per_call_s, self.calls, _call_bytes(self._columns))
             return list(_slices(self._columns, 0, size))
         if self._size is None:
             return list(itertools.islice(_slices(self._columns, 0, 1), PROBE_CALLS))
@@ -299,8 +318,8 @@ class MapPlan:
         ``per_call_s`` a call (None: not known in time)."""
         if not self.adaptive:
             return []
-        probed = min(PROBE_CALLS, self._calls)
+        probed = min(PROBE_CALLS, self.calls)
         size = auto_chunksize(
-            per_call_s, self._calls - probed, _call_bytes(self._columns)
+            per_call_s, self.calls - probed, _call_bytes(self._columns)
         )
         return list(_slices(self._columns, probed, size))

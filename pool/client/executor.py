@@ -35,6 +35,7 @@ from pool.client.core import (
     Args,
     ClientOptions,
     MapPlan,
+    calls_in,
     open_options,
 )
 from pool.client.loop import LoopThread, interpreter_exiting
@@ -42,6 +43,7 @@ from pool.client.progress import Progress, follow, open_bar
 from pool.client.refs import ObjectRef
 from pool.client.store import NO_STORE
 from workers.protocol import codec, shipping
+from workers.protocol.worker_pb2 import MapPart
 
 __all__ = ["Client"]
 
@@ -129,7 +131,13 @@ class Client(concurrent.futures.Executor):
         return self._send(ref, args, kwargs)
 
     def _send(
-        self, ref: Ref, args: Args, kwargs: Any, *, chunk: bool = False
+        self,
+        ref: Ref,
+        args: Args,
+        kwargs: Any,
+        *,
+        chunk: bool = False,
+        part: MapPart | None = None,
     ) -> concurrent.futures.Future[Any]:
         self._runner.reserve()  # (waits while max_pending futures are pending)
         submitted = False
@@ -146,7 +154,12 @@ class Client(concurrent.futures.Executor):
                     if isinstance(ref, Exception):
                         raise ref
                     submission, code, hold = self._submissions.make(
-                        ref, args, kwargs, chunk=chunk, store=self._runner.store
+                        ref,
+                        args,
+                        kwargs,
+                        chunk=chunk,
+                        store=self._runner.store,
+                        part=part,
                     )
                 except Exception as exc:
                     future.set_exception(exc)
@@ -208,14 +221,13 @@ class Client(concurrent.futures.Executor):
         store = self._runner.store
         with store.one_call() if store else contextlib.nullcontext():
             tasks = plan.first(self._submissions.per_call_s(ref))
-            chunk = plan.chunked
-            futures = [self._send(ref, args, {}, chunk=chunk) for args in tasks]
+            chunk, part = plan.chunked, self._submissions.map_part(plan.calls)
+            futures = [self._send(ref, a, {}, chunk=chunk, part=part) for a in tasks]
             if plan.adaptive:
                 rest = plan.rest(_time_per_call(futures))
-                futures += [self._send(ref, args, {}, chunk=True) for args in rest]
+                futures += [self._send(ref, a, {}, chunk=True, part=part) for a in rest]
                 tasks += rest
-        # (a chunk's arguments: its slice of each column; the first's length)
-        sizes = [len(args[0][0]) if chunk and args[0] else 1 for args in tasks]
+        sizes = [calls_in(args, chunk) for args in tasks]
         return futures, sizes
 
     def put(self, value: Any) -> ObjectRef:

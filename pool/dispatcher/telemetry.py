@@ -17,7 +17,10 @@ line on the report pipe. It keeps, bounded whatever the rate of tasks:
   report merges every task into its lane's last bar: at 10,000 tasks/s a
   report stays a few kilobytes;
 - at most :data:`MAX_FAILURES` failures a report, with their remote
-  tracebacks cut to :data:`MAX_TRACEBACK_CHARS`.
+  tracebacks cut to :data:`MAX_TRACEBACK_CHARS`;
+- each map's calls done and failed, of its total (its tasks carry a
+  ``MapPart``), for the last :data:`MAX_MAPS` maps; a report carries those
+  that moved since the last, and a map leaves once all its calls ended.
 
 Its cost per task is a few dict and list operations on the dispatcher's
 loop: about 1 us, and 2 us of the dispatcher's CPU in all, measured by
@@ -28,6 +31,7 @@ from __future__ import annotations
 
 import bisect
 import time
+from collections import OrderedDict
 from typing import Any, Final
 from uuid import UUID
 
@@ -36,7 +40,7 @@ import grpc
 from discovery import WorkerInfo
 from pool.dispatcher.jobs import Job, Link
 from workers.protocol import codec
-from workers.protocol.worker_pb2 import Failure, Result
+from workers.protocol.worker_pb2 import Failure, MapPart, Result
 
 REPORT_S: Final = 0.5
 OUTCOMES: Final = ("ok", "error", "cancelled", "lost")
@@ -63,6 +67,7 @@ MERGE_GAP_MS: Final = 5.0  # (a pixel of the page's 30 s stream is about 30 ms)
 MAX_BARS: Final = 2000
 MAX_FAILURES: Final = 5
 MAX_TRACEBACK_CHARS: Final = 4000
+MAX_MAPS: Final = 64
 _BUCKETS_US: Final = tuple(round(bound * 1e6) for bound in DURATION_BUCKETS_S)
 _LOST: Final = frozenset({"pool.errors.WorkerLost", "pool.errors.PoolStopping"})
 
@@ -96,6 +101,9 @@ class Telemetry:
         self._bars = 0
         self._failures: list[dict[str, Any]] = []
         self._failures_left_out = 0
+        # A map's [label, calls done, of them failed, total], by its id.
+        self._maps: OrderedDict[str, list[Any]] = OrderedDict()
+        self._maps_moved: set[str] = set()
 
     @property
     def duration_sum_s(self) -> float:
@@ -109,10 +117,12 @@ class Telemetry:
         if run_us := result.run_us:
             self.buckets[bisect.bisect_left(_BUCKETS_US, run_us)] += 1
             self._run_us += run_us
-        if worker is None or not (run_us or outcome == "error"):
-            return
         task = job.task
         label = task.function or task.label or "(shipped)"
+        if task.HasField("map") and outcome != "cancelled":
+            self._mapped(task.map, label, outcome != "ok")
+        if worker is None or not (run_us or outcome == "error"):
+            return
         if (index := self._labels.get(label)) is None:
             index = self._labels[label] = len(self._labels)
         self._bar((worker.uid, result.slot), worker.pid, run_us, index, failed)
@@ -141,6 +151,37 @@ class Telemetry:
                 return
         bars.append([start_ms, end_ms, label, 1, failed])
         self._bars += 1
+
+    def _mapped(self, part: MapPart, label: str, failed: bool) -> None:
+        """A task of a map ended (its chunk's calls count as failed only if
+        the whole task failed: the dispatcher does not read its values)."""
+        counts = self._maps.get(part.id)
+        if counts is None:
+            counts = self._maps[part.id] = [label, 0, 0, part.total]
+            while len(self._maps) > MAX_MAPS:
+                self._maps_moved.discard(self._maps.popitem(last=False)[0])
+        counts[1] += part.calls
+        counts[2] += part.calls if failed else 0
+        self._maps_moved.add(part.id)
+
+    def _moved_maps(self) -> list[dict[str, Any]]:
+        """The maps that moved since the last report; those done, forgotten."""
+        moved = []
+        for map_id in self._maps_moved:
+            label, done, failed, total = self._maps[map_id]
+            moved.append(
+                {
+                    "id": map_id,
+                    "label": label,
+                    "done": done,
+                    "failed": failed,
+                    "total": total,
+                }
+            )
+            if done >= total:
+                del self._maps[map_id]
+        self._maps_moved = set()
+        return moved
 
     def _failed(self, failure: Failure, label: str, worker: WorkerInfo | None) -> None:
         if len(self._failures) >= MAX_FAILURES:
@@ -187,6 +228,7 @@ class Telemetry:
             "lanes": lanes,
             "failures": self._failures,
             "failures_left_out": self._failures_left_out,
+            "maps": self._moved_maps(),
         }
         self._lanes, self._lane_pids, self._labels = {}, {}, {}
         self._bars, self._failures, self._failures_left_out = 0, [], 0

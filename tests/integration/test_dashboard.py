@@ -8,6 +8,7 @@ to ``test-artifacts/`` (or ``$SHMPOOL_ARTIFACTS``).
 
 from __future__ import annotations
 
+import json
 import os
 import secrets
 import signal
@@ -54,7 +55,8 @@ def browser() -> Iterator[Any]:
 def test_the_page_follows_the_pool_live(namespace: str, browser: Any) -> None:
     """The page names the namespace and both workers' pids; a SIGKILLed
     worker shows as dropped beside its replacement; tasks draw bars in the
-    task stream, a failure among them; a screenshot is kept."""
+    task stream, a failure among them; a map is a bar of its calls done, to
+    the end; a screenshot is kept."""
     with running_pool(
         namespace, "--workers", "2", "--dashboard", "127.0.0.1:0"
     ) as pool:
@@ -99,6 +101,7 @@ def test_the_page_follows_the_pool_live(namespace: str, browser: Any) -> None:
             " && document.getElementById('stream').dataset.failed > 0"
         )
         page.wait_for_selector("#failures details summary >> text=ZeroDivisionError")
+        page.wait_for_selector("#maps .map.ended .count >> text=40/40 (100%)")
         assert page.locator("#events li.k-ready").count() == 1  # (none twice)
         ARTIFACTS.mkdir(parents=True, exist_ok=True)
         page.screenshot(path=str(ARTIFACTS / "dashboard.png"), full_page=True)
@@ -216,9 +219,16 @@ def test_a_busy_dashboard_port_is_named(namespace: str) -> None:
     assert "worker-started" not in done.stdout
 
 
+def _said(url: str, text: str) -> bool:
+    """Whether the dashboard's output shows a line ending in ``text``."""
+    state = json.loads(http_get(url + "api/state")[2])
+    return any(line.endswith(text) for line in state["output"])
+
+
 def test_an_embedded_pool_serves_a_dashboard() -> None:
     """``Pool(dashboard=...)`` serves the same page and metrics, at the URL
-    it gives, and stops serving when the pool stops."""
+    it gives, with what its tasks print, and stops serving when the pool
+    stops."""
     pool = Pool(workers=1, dashboard="127.0.0.1:0")
     with pool as client:
         assert client.submit(pow, 3, 2).result(timeout=30) == 9
@@ -226,6 +236,8 @@ def test_an_embedded_pool_serves_a_dashboard() -> None:
         assert url.startswith("http://127.0.0.1:")
         wait_until(lambda: metrics_of(url)["shmpool_tasks_total{outcome=ok}"] == 1)
         assert "<title>shm-pool</title>" in http_get(url)[2]
+        client.submit(print, "said by a task").result(timeout=30)
+        wait_until(lambda: _said(url, "] said by a task"))
     with pytest.raises(urllib.error.URLError):
         urllib.request.urlopen(url + "metrics", timeout=5)
 

@@ -15,11 +15,11 @@ from pool.dispatcher.jobs import Job
 from pool.dispatcher.telemetry import Telemetry, outcome_of
 from pool.errors import WorkerLost
 from pool.supervisor.dashboard import is_loopback, listen_address
-from pool.supervisor.dashboard.board import GONE_KEEP_S, MAX_EVENTS, Board
+from pool.supervisor.dashboard.board import GONE_KEEP_S, MAP_KEEP_S, MAX_EVENTS, Board
 from pool.supervisor.dashboard.metrics import Metrics
 from tests.streams import make_info
 from workers.protocol import codec
-from workers.protocol.worker_pb2 import Result, Task
+from workers.protocol.worker_pb2 import MapPart, Result, Task
 
 
 class _Owner:
@@ -239,3 +239,39 @@ def test_output_reaches_the_page_as_plain_text() -> None:
     board = Board("ns")
     board.output("w1", 7, "\x1b[31mred\x1b[0m \x1b[2J\x1b]0;title\x07done\x08!")
     assert list(board.lines) == ["[w1 pid=7] red done!"]
+
+
+def test_a_map_is_a_row_of_its_calls_done_until_a_while_after_its_end() -> None:
+    """The telemetry counts a map's calls from its tasks' parts (a failed
+    task's calls failed; a cancelled one's not done), reports the maps
+    that moved, and forgets one that ended; the board keeps its row, then
+    drops it MAP_KEEP_S after its end."""
+    meter = Telemetry()
+    worker = make_info()
+    for n, (calls, result) in enumerate([(10, _ok(5)), (10, _ok(5)), (5, None)]):
+        task = Task(id=n, function="m:f", map=MapPart(id="c/1", calls=calls, total=30))
+        job = Job(task, frozenset(), _Owner(), n)
+        if result is None:  # (the last fails as a whole)
+            result = Result(id=n, failure=codec.failure_of(ValueError("x")))
+        meter.finished(job, result, worker)
+    cancelled = Task(id=9, function="m:f", map=MapPart(id="c/1", calls=5, total=30))
+    meter.finished(
+        Job(cancelled, frozenset(), _Owner(), 9),
+        Result(id=9, failure=codec.cancelled()),
+        worker,
+    )
+    report = meter.report({}, 0)
+    assert report["maps"] == [
+        {"id": "c/1", "label": "m:f", "done": 25, "failed": 5, "total": 30}
+    ]
+    assert meter.report({}, 0)["maps"] == []
+    board = Board("ns")
+    board.stats(_report(0, t=1000.0, maps=report["maps"]))
+    assert board.take_changes()["maps"]["c/1"]["done"] == 25  # type: ignore[index]
+    done = {**report["maps"][0], "done": 30}
+    board.stats(_report(0, t=2000.0, maps=[done]))
+    board.sample(now=2.0 + MAP_KEEP_S - 1)
+    assert list(board.maps) == ["c/1"]
+    board.sample(now=2.0 + MAP_KEEP_S + 1)
+    assert board.maps == {}
+    assert "c/1" in board.take_changes()["maps_removed"]  # type: ignore[index]

@@ -95,7 +95,7 @@ class Home(_message.Message):
     def __init__(self, host: _Optional[str] = ..., owner: _Optional[str] = ..., tag: _Optional[int] = ..., lend: _Optional[_Union[Segment, _Mapping]] = ...) -> None: ...
 
 class Task(_message.Message):
-    __slots__ = ("id", "function", "args", "timeout_s", "attempt", "digest", "code", "chunk", "label", "data", "home")
+    __slots__ = ("id", "function", "args", "timeout_s", "attempt", "digest", "code", "chunk", "label", "data", "home", "map")
     ID_FIELD_NUMBER: _ClassVar[int]
     FUNCTION_FIELD_NUMBER: _ClassVar[int]
     ARGS_FIELD_NUMBER: _ClassVar[int]
@@ -107,6 +107,7 @@ class Task(_message.Message):
     LABEL_FIELD_NUMBER: _ClassVar[int]
     DATA_FIELD_NUMBER: _ClassVar[int]
     HOME_FIELD_NUMBER: _ClassVar[int]
+    MAP_FIELD_NUMBER: _ClassVar[int]
     id: int
     function: str
     args: bytes
@@ -118,7 +119,18 @@ class Task(_message.Message):
     label: str
     data: Data
     home: Home
-    def __init__(self, id: _Optional[int] = ..., function: _Optional[str] = ..., args: _Optional[bytes] = ..., timeout_s: _Optional[float] = ..., attempt: _Optional[int] = ..., digest: _Optional[bytes] = ..., code: _Optional[bytes] = ..., chunk: _Optional[bool] = ..., label: _Optional[str] = ..., data: _Optional[_Union[Data, _Mapping]] = ..., home: _Optional[_Union[Home, _Mapping]] = ...) -> None: ...
+    map: MapPart
+    def __init__(self, id: _Optional[int] = ..., function: _Optional[str] = ..., args: _Optional[bytes] = ..., timeout_s: _Optional[float] = ..., attempt: _Optional[int] = ..., digest: _Optional[bytes] = ..., code: _Optional[bytes] = ..., chunk: _Optional[bool] = ..., label: _Optional[str] = ..., data: _Optional[_Union[Data, _Mapping]] = ..., home: _Optional[_Union[Home, _Mapping]] = ..., map: _Optional[_Union[MapPart, _Mapping]] = ...) -> None: ...
+
+class MapPart(_message.Message):
+    __slots__ = ("id", "calls", "total")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    CALLS_FIELD_NUMBER: _ClassVar[int]
+    TOTAL_FIELD_NUMBER: _ClassVar[int]
+    id: str
+    calls: int
+    total: int
+    def __init__(self, id: _Optional[str] = ..., calls: _Optional[int] = ..., total: _Optional[int] = ...) -> None: ...
 
 class Failure(_message.Message):
     __slots__ = ("type", "message", "traceback", "exception", "code")

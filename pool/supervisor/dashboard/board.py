@@ -14,6 +14,8 @@ terminal) and takes the dispatcher's reports
   :data:`SERIES_POINTS` seconds;
 - the task stream's last :data:`MAX_STREAM_BARS` bars (already merged by
   the dispatcher, so that a fast stream of tasks is few bars);
+- each running ``map``'s calls done of its total (at most :data:`MAX_MAPS`;
+  a finished one stays :data:`MAP_KEEP_S`);
 - the totals that ``/metrics`` exports (:mod:`.metrics`), kept monotonic
   across a restarted dispatcher, whose own counts start again at 0.
 
@@ -43,6 +45,8 @@ MAX_FAILURES: Final = 20
 SERIES_POINTS: Final = 300  # five minutes, a point a second
 MAX_STREAM_BARS: Final = 5000
 MAX_LANES: Final = 256  # worker slots the stream has rows for; then the oldest go
+MAX_MAPS: Final = 32
+MAP_KEEP_S: Final = 30.0
 MAX_LABELS: Final = 24  # functions with a colour of their own; then "other"
 CPU_STALE_S: Final = 5.0  # a CPU % older than this is not shown
 CPU_SPAN_S: Final = 0.2
@@ -78,6 +82,7 @@ class Board:
         self.stream: deque[list[Any]] = deque(maxlen=MAX_STREAM_BARS)
         self.labels: list[str] = []
         self.lanes: dict[str, dict[str, Any]] = {}  # lane key -> uid, pid, slot
+        self.maps: dict[str, dict[str, Any]] = {}  # map id -> its row
         self.queued: int | None = None
         self.running = 0
         self.restarts = 0
@@ -157,7 +162,17 @@ class Board:
         for failure in report["failures"]:
             self.failures.append(failure)
             self._changes["failures"].append(failure)
+        for row in report.get("maps", ()):
+            self._map_moved({**row, "t": report["t"]})
         self._changes["header"] = True
+
+    def _map_moved(self, row: dict[str, Any]) -> None:
+        self.maps.pop(row["id"], None)  # (the newest last)
+        self.maps[row["id"]] = self._changes["maps"][row["id"]] = row
+        while len(self.maps) > MAX_MAPS:
+            self._changes["maps_removed"].append(
+                self.maps.pop(next(iter(self.maps)))["id"]
+            )
 
     def _totals(self, report: dict[str, Any]) -> None:
         """Add the dispatcher's totals to ours; a restarted dispatcher (its
@@ -190,6 +205,9 @@ class Board:
         self.series.append(point)
         self._changes["series"].append(point)
         self._forget_gone(now)
+        for map_id, row in list(self.maps.items()):
+            if row["done"] >= row["total"] and now * 1e3 - row["t"] > MAP_KEEP_S * 1e3:
+                self._changes["maps_removed"].append(self.maps.pop(map_id)["id"])
 
     # -- what pages are sent ---------------------------------------------------
 
@@ -220,6 +238,7 @@ class Board:
             "events": list(self.events),
             "output": list(self.lines),
             "failures": list(self.failures),
+            "maps": self.maps,
         }
 
     def take_changes(self) -> dict[str, Any] | None:
@@ -334,6 +353,8 @@ def _empty() -> dict[str, Any]:
         "events": deque(maxlen=MAX_EVENTS),
         "output": deque(maxlen=MAX_OUTPUT),
         "failures": deque(maxlen=MAX_FAILURES),
+        "maps": {},
+        "maps_removed": [],
     }
 
 

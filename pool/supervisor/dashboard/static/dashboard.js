@@ -9,7 +9,7 @@ const ROW_PX = 14;
 const PALETTE = ["#0969da", "#8250df", "#1f883d", "#bf8700", "#d1242f", "#1b7c83",
   "#953800", "#6e7781", "#a475f9", "#4ac26b", "#e16f24", "#218bff"];
 const state = { header: {}, workers: {}, lanes: {}, bars: [], series: [], events: [],
-  output: [], failures: [] };
+  output: [], failures: [], maps: {} };
 let skewMs = 0;  // the server's clock minus ours, from its series points
 let drawPending = false;
 // How long drawing takes (read by benchmarks/dashboard.py).
@@ -33,6 +33,8 @@ function onChanges(changes) {
   Object.assign(state.workers, changes.workers);
   for (const uid of changes.removed) delete state.workers[uid];
   Object.assign(state.lanes, changes.lanes);
+  Object.assign(state.maps, changes.maps);
+  for (const id of changes.maps_removed) delete state.maps[id];
   for (const key of ["bars", "series", "events", "output", "failures"]) {
     keep(state[key], changes[key], LIMITS[key]);
   }
@@ -57,6 +59,7 @@ function render() {
   const started = performance.now();
   renderHeader();
   renderWorkers();
+  renderMaps();
   drawStream();
   drawSeries();
   renderEvents();
@@ -233,6 +236,36 @@ function drawSeries() {
 
 function clock(ms) {
   return new Date(ms).toLocaleTimeString([], { hour12: false });
+}
+
+function renderMaps() {
+  const box = $("maps");
+  const maps = Object.values(state.maps);
+  if (!maps.length) {
+    box.innerHTML = '<p class="none">none running</p>';
+    return;
+  }
+  box.replaceChildren();
+  for (const map of maps) {
+    const row = document.createElement("div");
+    row.className = "map" + (map.done >= map.total ? " ended" : "");
+    const share = map.total ? Math.min(100, (100 * map.done) / map.total) : 100;
+    const label = document.createElement("span");
+    label.className = "label";
+    label.textContent = map.label;
+    const bar = document.createElement("span");
+    bar.className = "bar";
+    const fill = document.createElement("span");
+    fill.className = "fill";
+    fill.style.width = `${share}%`;
+    bar.append(fill);
+    const count = document.createElement("span");
+    count.className = "count";
+    count.textContent = `${fmt(map.done)}/${fmt(map.total)} (${Math.floor(share)}%)` +
+      (map.failed ? `, ${fmt(map.failed)} failed` : "");
+    row.append(label, bar, count);
+    box.append(row);
+  }
 }
 
 function renderEvents() {
