@@ -26,7 +26,7 @@ from pool.client.core import (
 from pool.client.refs import ObjectRef
 from pool.client.store import NO_STORE, Hold, Store
 from workers.protocol import codec, shipping
-from workers.protocol.worker_pb2 import Result
+from workers.protocol.worker_pb2 import MapPart, Result
 
 
 class AsyncClient:
@@ -77,12 +77,18 @@ class AsyncClient:
         await self.__aexit__(None, None, None)
 
     def _send(
-        self, ref: shipping.Reference, args: Args, kwargs: Any, *, chunk: bool = False
+        self,
+        ref: shipping.Reference,
+        args: Args,
+        kwargs: Any,
+        *,
+        chunk: bool = False,
+        part: MapPart | None = None,
     ) -> tuple[int, asyncio.Future[Any]]:
         connection = self._opened()
         store = connection.store
         submission, code, hold = self._submissions.make(
-            ref, args, kwargs, chunk=chunk, store=store
+            ref, args, kwargs, chunk=chunk, store=store, part=part
         )
         answer: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         connection.submit(submission, _AsyncHandler(answer, store, hold), code)
@@ -131,13 +137,14 @@ class AsyncClient:
         plan = MapPlan(
             iterables, chunksize, per_task_limit=bool(self._submissions.timeout_s)
         )
-        chunked = plan.chunked
+        chunked, part = plan.chunked, self._submissions.map_part(plan.calls)
         ref = self._submissions.reference(fn)
         first = plan.first(self._submissions.per_call_s(ref))
-        sent = [self._send(ref, args, {}, chunk=chunked) for args in first]
+        sent = [self._send(ref, a, {}, chunk=chunked, part=part) for a in first]
         if plan.adaptive:
             per_call_s = await _time_per_call_async([a for _, a in sent])
-            sent += [self._send(ref, a, {}, chunk=True) for a in plan.rest(per_call_s)]
+            rest = plan.rest(per_call_s)
+            sent += [self._send(ref, a, {}, chunk=True, part=part) for a in rest]
         sent.reverse()
         try:
             while sent:

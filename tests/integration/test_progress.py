@@ -86,6 +86,16 @@ def _on_a_terminal(script: Path, **extra: str) -> str:
     return ANSI.sub("", seen.decode(errors="replace"))
 
 
+def _on_a_pipe(script: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, str(script)],
+        capture_output=True,
+        text=True,
+        env=_env(),
+        timeout=DEADLINE_S * 6,
+    )
+
+
 def test_a_map_draws_a_bar_to_100_percent_on_a_terminal(tmp_path: Path) -> None:
     script = tmp_path / "map.py"
     script.write_text(MAP)
@@ -99,13 +109,7 @@ def test_no_bar_on_a_pipe_or_under_ci(tmp_path: Path) -> None:
     the same."""
     script = tmp_path / "map.py"
     script.write_text(MAP)
-    done = subprocess.run(
-        [sys.executable, str(script)],
-        capture_output=True,
-        text=True,
-        env=_env(),
-        timeout=DEADLINE_S * 6,
-    )
+    done = _on_a_pipe(script)
     assert (done.returncode, done.stdout, done.stderr) == (0, "done 4501500\n", "")
     assert _on_a_terminal(script, CI="true").strip() == "done 4501500"
 
@@ -113,13 +117,7 @@ def test_no_bar_on_a_pipe_or_under_ci(tmp_path: Path) -> None:
 def test_tqdm_passed_is_the_bar_with_failures_counted(tmp_path: Path) -> None:
     script = tmp_path / "as_completed.py"
     script.write_text(AS_COMPLETED)
-    done = subprocess.run(
-        [sys.executable, str(script)],
-        capture_output=True,
-        text=True,
-        env=_env(),
-        timeout=DEADLINE_S * 6,
-    )
+    done = _on_a_pipe(script)
     assert (done.returncode, done.stdout) == (0, "done 10\n"), done.stderr
     last = done.stderr.replace("\r", "\n").strip().splitlines()[-1]
     assert re.match(r"as_completed: 100%\|.*\| 10/10 \[.*, failed=5\]$", last), last
