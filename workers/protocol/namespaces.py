@@ -101,8 +101,6 @@ def namespace(key: Key, fields: tuple[tuple[str, Any], ...]) -> dict[str, Any]:
 def set_function_state(fn: types.FunctionType, state: Any) -> None:
     """Set a shipped function's state (cloudpickle's state setter), merging
     its globals into its shared namespace as the module docstring says."""
-    from cloudpickle import cloudpickle as inner
-
     own, slots = state
     shipped, target = slots["__globals__"], fn.__globals__
     ours = id(target) not in _keys  # this process's own module
@@ -110,6 +108,20 @@ def set_function_state(fn: types.FunctionType, state: Any) -> None:
         if name not in target or (not ours and isinstance(value, _DEFINITIONS)):
             target[name] = value
     kept = target.get("__builtins__")
-    inner._function_setstate(fn, (own, {**slots, "__globals__": {}}))
+    _cloudpickle_setstate()(fn, (own, {**slots, "__globals__": {}}))
     if kept is not None:  # (it sets the builtins dict: keep a module's own)
         target["__builtins__"] = kept
+
+
+_setstate: Any = None
+
+
+def _cloudpickle_setstate() -> Any:
+    """cloudpickle's own state setter of a function (imported once: only
+    what it pickled calls it)."""
+    global _setstate
+    if _setstate is None:
+        from cloudpickle import cloudpickle as inner
+
+        _setstate = inner._function_setstate
+    return _setstate
