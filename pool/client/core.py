@@ -20,7 +20,7 @@ from pool.client.rendezvous import Locator
 from pool.client.store import HOLD_NOTHING, Hold, Store
 from pool.dispatcher_pb2 import Submission
 from workers.protocol import codec, payload, shipping, transfer
-from workers.protocol.worker_pb2 import MapPart, Result
+from workers.protocol.worker_pb2 import MapPart, Result, Task
 
 # map's adaptive chunks (see Client.map): the first calls go one per task,
 PROBE_CALLS: Final = 8
@@ -71,6 +71,24 @@ def dropped(result: Result, store: Store | None) -> None:
 
 
 Args = tuple[Any, ...]  # a call's positional arguments
+
+
+def _pack(
+    task: Task, ref: shipping.Reference, args: Args, kwargs: Any, store: Store | None
+) -> Hold:
+    """Put the call's arguments on ``task``: in its client's shared memory
+    through ``store``, else in the message (or, past
+    :data:`~workers.protocol.transfer.TRANSFER_MIN`, offered for upload)."""
+    if store is not None:
+        key = ref.name or ref.digest.hex()
+        return store.pack_task(task, (args, dict(kwargs)), ref.by_value, key)
+    pickled = codec.dump_call(args, dict(kwargs), by_value=ref.by_value)
+    if len(pickled) >= transfer.TRANSFER_MIN:  # (uploaded when wanted)
+        task.data.CopyFrom(transfer.OFFERED.hold(pickled))
+    else:
+        codec.check_call_size(pickled, ref.code)
+        task.args = pickled
+    return HOLD_NOTHING
 
 
 def calls_in(args: Args, chunk: bool) -> int:
@@ -147,17 +165,7 @@ class Submissions:
         submission = Submission(tags=self._tags)
         task = submission.task  # (filled in place: no Task made and copied)
         task.id = next(self._ids)
-        hold = HOLD_NOTHING
-        if store is None:
-            pickled = codec.dump_call(args, dict(kwargs), by_value=ref.by_value)
-            if len(pickled) >= transfer.TRANSFER_MIN:  # (uploaded when wanted)
-                task.data.CopyFrom(transfer.OFFERED.hold(pickled))
-            else:
-                codec.check_call_size(pickled, ref.code)
-                task.args = pickled
-        else:
-            key = ref.name or ref.digest.hex()
-            hold = store.pack_task(task, (args, dict(kwargs)), ref.by_value, key)
+        hold = _pack(task, ref, args, kwargs, store)
         if ref.name:
             task.function = ref.name
         if ref.digest:

@@ -233,32 +233,40 @@ def _pickler_class() -> type:
             kind, args = reduce_code(code)
             return kind, (*args[:at], code.co_filename, *args[at + 1 :])
 
-        class Pickler(cloudpickle.Pickler):  # type: ignore[misc,name-defined]
-            dispatch_table: ClassVar = ChainMap(
-                {types.CodeType: code_keeping_file}, cloudpickle.Pickler.dispatch_table
-            )
-
-            def reducer_override(self, obj: Any) -> Any:
-                if obj is _BY_NAME[0] or obj is _BY_NAME[1]:  # (faster so)
-                    return NotImplemented
-                return super().reducer_override(obj)
-
-            def _function_getnewargs(self, func: types.FunctionType) -> Any:
-                code, fields, *rest = super()._function_getnewargs(func)
-                key = namespaces.key_of(func.__globals__)
-                if key is None:
-                    return (code, fields, *rest)
-                shared = namespaces.Shared(key, tuple(sorted(fields.items())))
-                return (code, shared, *rest)
-
-            def _dynamic_function_reduce(self, func: types.FunctionType) -> Any:
-                reduced = super()._dynamic_function_reduce(func)
-                if not isinstance(reduced[1][1], namespaces.Shared):
-                    return reduced
-                return (*reduced[:5], namespaces.set_function_state)
-
-        _pickler = Pickler
+        _pickler = _sharing(cloudpickle.Pickler, code_keeping_file)
     return _pickler
+
+
+def _sharing(base: Any, reduce_code: Callable[[types.CodeType], Any]) -> type:
+    """cloudpickle's ``base`` Pickler reducing code with ``reduce_code``, whose
+    functions of a module name its shared namespace
+    (:mod:`workers.protocol.namespaces`)."""
+
+    class Pickler(base):  # type: ignore[misc]
+        dispatch_table: ClassVar = ChainMap(
+            {types.CodeType: reduce_code}, base.dispatch_table
+        )
+
+        def reducer_override(self, obj: Any) -> Any:
+            if obj is _BY_NAME[0] or obj is _BY_NAME[1]:  # (faster so)
+                return NotImplemented
+            return super().reducer_override(obj)
+
+        def _function_getnewargs(self, func: types.FunctionType) -> Any:
+            code, fields, *rest = super()._function_getnewargs(func)
+            key = namespaces.key_of(func.__globals__)
+            if key is None:
+                return (code, fields, *rest)
+            shared = namespaces.Shared(key, tuple(sorted(fields.items())))
+            return (code, shared, *rest)
+
+        def _dynamic_function_reduce(self, func: types.FunctionType) -> Any:
+            reduced = super()._dynamic_function_reduce(func)
+            if not isinstance(reduced[1][1], namespaces.Shared):
+                return reduced
+            return (*reduced[:5], namespaces.set_function_state)
+
+    return Pickler
 
 
 def _cloudpickle() -> Any:
