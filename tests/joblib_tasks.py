@@ -48,7 +48,9 @@ def counted(directory: str, index: int, gate: str) -> int:
     here = Path(directory)
     (here / f"start-{index}").touch()
     running = len(list(here.glob("start-*"))) - len(list(here.glob("end-*")))
-    (here / f"seen-{index}-{running}").touch()
+    # (Listed starts then ends: a call that starts and ends in between is
+    # not counted, so this may say fewer than ran, even below 0, never more.)
+    (here / f"seen-{index}_{running}").touch()
     gated(gate, index)
     (here / f"end-{index}").touch()
     return index

@@ -92,7 +92,7 @@ def test_n_jobs_caps_the_batches_in_the_pool(client: Client, tmp_path: Path) -> 
         gate.touch()
         runner.join(DEADLINE_S)
     assert out == [list(range(12))]
-    assert max(int(seen.name.split("-")[2]) for seen in ran.glob("seen-*")) <= 2
+    assert max(int(seen.name.split("_")[1]) for seen in ran.glob("seen-*")) <= 2
 
 
 def test_an_exception_cancels_what_no_worker_started(
