@@ -50,7 +50,7 @@ from pool.dispatcher.service import MAX_STREAM_TASKS, DispatcherService
 from pool.dispatcher.settings import DispatcherSettings
 from pool.dispatcher.telemetry import REPORT_S, Telemetry
 from pool.dispatcher.transfers import RelayService
-from workers import serving
+from workers import pipes, serving
 from workers.protocol import auth, worker_pb2_grpc
 from workers.protocol.worker_pb2 import Failure
 from workers.serving import TLS_KEY
@@ -244,14 +244,10 @@ def refusal(info: WorkerInfo, namespace: str, require_tls: bool) -> str | None:
 
 
 async def _obey(fd: int, router: Router, stopper: serving.Stopper) -> None:
-    """Follow the supervisor's control lines; their end means it is gone."""
-    loop = asyncio.get_running_loop()
-    reader = asyncio.StreamReader()
-    transport, _ = await loop.connect_read_pipe(
-        lambda: asyncio.StreamReaderProtocol(reader), os.fdopen(fd, "rb", 0)
-    )
+    """Follow the supervisor's control lines (``fd``, which this closes);
+    their end means it is gone."""
     try:
-        while line := await reader.readline():
+        async for line in pipes.lines(fd):
             try:
                 order = json.loads(line)
             except ValueError:
@@ -267,7 +263,7 @@ async def _obey(fd: int, router: Router, stopper: serving.Stopper) -> None:
                 router.broken(Failure.FromString(base64.b64decode(broken)))
         stopper.stop()
     finally:
-        transport.close()
+        os.close(fd)
 
 
 def _read(path: str) -> bytes:

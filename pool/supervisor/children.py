@@ -29,6 +29,7 @@ from typing import Any, Final, Protocol
 
 from pool.errors import PoolError
 from workers.initializer import INIT_FAILED_PREFIX
+from workers.pipes import first_line
 from workers.protocol.worker_pb2 import Failure
 from workers.serving import READY_PREFIX
 from workers.spec import to_argv
@@ -208,20 +209,15 @@ async def read_ready(fd: int, process: Process, name: str) -> dict[str, Any]:
 
     :raises ChildFailed: if it exits first, or says nothing in time.
     """
-    loop = asyncio.get_running_loop()
-    reader = asyncio.StreamReader()
-    transport, _ = await loop.connect_read_pipe(
-        lambda: asyncio.StreamReaderProtocol(reader), os.fdopen(fd, "rb", 0)
-    )
     try:
         async with asyncio.timeout(START_TIMEOUT_S):
-            text = (await reader.readline()).decode(errors="replace")
+            text = await first_line(fd)
     except TimeoutError:
         raise ChildFailed(
             f"{name} was not ready within {START_TIMEOUT_S:g} s"
         ) from None
     finally:
-        transport.close()
+        os.close(fd)
     if text.startswith(READY_PREFIX):
         return json.loads(text[len(READY_PREFIX) :])  # type: ignore[no-any-return]
     if text.startswith(INIT_FAILED_PREFIX):
