@@ -63,6 +63,8 @@ SOCKET_NAME: Final = "dispatcher.sock"
 
 LINGER_S: Final = 5.0  # at stop, how long to wait for the workers' last results
 STREAMS_END_S: Final = 5.0  # then, for the client streams to take them
+# a control order may carry a Failure, traceback and all: one line, whole
+MAX_ORDER_BYTES: Final = 1 << 20
 
 
 async def serve(settings: DispatcherSettings, tls_ca: bytes | None = None) -> None:
@@ -247,20 +249,21 @@ async def _obey(fd: int, router: Router, stopper: serving.Stopper) -> None:
     """Follow the supervisor's control lines (``fd``, which this closes);
     their end means it is gone."""
     try:
-        async for line in pipes.lines(fd):
-            try:
-                order = json.loads(line)
-            except ValueError:
-                log.warning("ignoring a control line that is not JSON: %r", line)
-                continue
-            if order.get("drain"):
-                router.stop_taking()
-            if order.get("started"):
-                router.started()
-            if isinstance(exit := order.get("exit"), dict):
-                router.record_exit(int(exit["pid"]), str(exit["status"]))
-            if isinstance(broken := order.get("broken"), str):
-                router.broken(Failure.FromString(base64.b64decode(broken)))
+        async with contextlib.aclosing(pipes.lines(fd, MAX_ORDER_BYTES)) as orders:
+            async for line in orders:
+                try:
+                    order = json.loads(line)
+                except ValueError:
+                    log.warning("ignoring a control line that is not JSON: %r", line)
+                    continue
+                if order.get("drain"):
+                    router.stop_taking()
+                if order.get("started"):
+                    router.started()
+                if isinstance(exit := order.get("exit"), dict):
+                    router.record_exit(int(exit["pid"]), str(exit["status"]))
+                if isinstance(broken := order.get("broken"), str):
+                    router.broken(Failure.FromString(base64.b64decode(broken)))
         stopper.stop()
     finally:
         os.close(fd)

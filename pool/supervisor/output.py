@@ -10,6 +10,7 @@ nothing grows without bound here.
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections.abc import Callable
 
@@ -22,7 +23,8 @@ async def relay(
     """Show each line written to the pipe ``fd`` until every writer closed
     it; then close ``fd`` (which this now owns)."""
     try:
-        async for text in lines(fd, max_line_bytes):
-            show(text)
+        async with contextlib.aclosing(lines(fd, max_line_bytes)) as read:
+            async for text in read:
+                show(text)
     finally:
         os.close(fd)
