@@ -96,7 +96,7 @@ async def serve(settings: DispatcherSettings, tls_ca: bytes | None = None) -> No
         worker_pb2_grpc.add_TransfersServicer_to_server(relay, server)  # type: ignore[no-untyped-call]
         ready, socket_path = _bind(server, settings)
         await server.start()
-        await reports.open(settings.report_fd)
+        reports.open(settings.report_fd)
         try:
             async with router, asyncio.TaskGroup() as group:
                 following = group.create_task(
@@ -135,17 +135,15 @@ class _Reports:
     """One JSON line to the supervisor (``--report-fd``) for each worker
     whose stream is up, so that the pool says ``ready`` only once every
     worker can be sent tasks; with ``--telemetry``, what tasks did, twice a
-    second. Written through the loop's pipe transport, which never blocks
-    (and the supervisor reads every line)."""
+    second. Written without ever blocking the loop (the supervisor reads
+    every line): :class:`workers.pipes.LineWriter`."""
 
     def __init__(self) -> None:
-        self._transport: asyncio.WriteTransport | None = None
+        self._writer: pipes.LineWriter | None = None
 
-    async def open(self, fd: int | None) -> None:
+    def open(self, fd: int | None) -> None:
         if fd is not None:
-            loop = asyncio.get_running_loop()
-            pipe = os.fdopen(fd, "wb", 0)
-            self._transport, _ = await loop.connect_write_pipe(asyncio.Protocol, pipe)
+            self._writer = pipes.LineWriter(fd)
 
     def linked(self, info: WorkerInfo) -> None:
         self._write({"linked": str(info.uid)})
@@ -154,12 +152,12 @@ class _Reports:
         self._write({"stats": telemetry.report(router.links, router.queued)})
 
     def _write(self, line: dict[str, object]) -> None:
-        if self._transport is not None and not self._transport.is_closing():
-            self._transport.write(json.dumps(line).encode() + b"\n")
+        if self._writer is not None:
+            self._writer.write(json.dumps(line))
 
     def close(self) -> None:
-        if self._transport is not None:
-            self._transport.close()
+        if self._writer is not None:
+            self._writer.close()
 
 
 async def _report(router: Router, to: _Reports) -> None:
