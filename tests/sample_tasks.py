@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import itertools
 import os
 import sys
@@ -250,3 +251,17 @@ def sum_when(started: str, gate: str, values: Any) -> tuple[int, float]:
     open(os.path.join(started, str(os.getpid())), "w").close()
     gated(gate, 0)
     return os.getpid(), float(values.sum())
+
+
+@dataclasses.dataclass(frozen=True)
+class HoldFd:
+    """The settings of :func:`read_to_eof`, a child the zygote forks."""
+
+    fd: int = -1
+
+
+def read_to_eof(settings: HoldFd) -> int:
+    """A zygote child's entry: wait until every writer of ``fd`` closed it."""
+    while os.read(settings.fd, 4096):
+        pass
+    return 0

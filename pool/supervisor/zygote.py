@@ -179,9 +179,22 @@ class Zygote:
     async def _fork(
         self, entry: str | None, settings: Any, fds: Mapping[str, int]
     ) -> Forked:
-        pid, sentinel = await asyncio.to_thread(
-            self._launch, (entry, settings, list(fds)), list(fds.values())
+        launch = asyncio.ensure_future(
+            asyncio.to_thread(
+                self._launch, (entry, settings, list(fds)), list(fds.values())
+            )
         )
+        try:
+            pid, sentinel = await asyncio.shield(launch)
+        except asyncio.CancelledError:
+            # The thread still sends ``fds``, which the caller closes once
+            # this returns; a child it forks now has no owner: kill it.
+            while not launch.done():
+                with contextlib.suppress(asyncio.CancelledError):
+                    await asyncio.wait([launch])
+            if not launch.cancelled() and launch.exception() is None:
+                Forked(*launch.result()).kill()
+            raise
         return Forked(pid, sentinel)
 
     def _launch(self, args: tuple[object, ...], fds: list[int]) -> tuple[int, int]:

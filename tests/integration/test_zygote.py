@@ -17,7 +17,7 @@ import pytest
 from discovery import list_workers
 from pool import Client
 from tests import sample_tasks
-from tests.helpers import ROOT, wait_until
+from tests.helpers import ROOT, run_script, wait_until
 from tests.pools import RunningPool, running_pool
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
@@ -215,3 +215,56 @@ def test_a_script_without_a_main_guard_is_not_run_again_in_the_workers(
     assert run.returncode == 0, run.stderr
     assert run.stdout.strip() == "285"
     assert marker.read_text() == "ran\n"
+
+
+CANCELLED_START = """
+import asyncio, os, sys, threading
+sys.path.insert(0, {root!r})
+import uvloop
+from pool.supervisor.zygote import Zygote
+from tests.helpers import children_of, wait_until
+from tests.sample_tasks import HoldFd
+
+async def main():
+    zygote = Zygote()
+    await zygote.start()
+    # The thread that asks the forkserver holds on to the child it got
+    # until the start is cancelled.
+    forked, release = threading.Event(), threading.Event()
+    launch = zygote._launch
+
+    def held(*args):
+        child = launch(*args)
+        forked.set()
+        release.wait(30)
+        return child
+
+    zygote._launch = held
+    r, w = os.pipe()  # (the child, if left running, waits for w to close)
+    try:
+        spawning = asyncio.ensure_future(
+            zygote.spawn("tests.sample_tasks:read_to_eof", HoldFd(), {{"fd": r}})
+        )
+        await asyncio.to_thread(forked.wait, 30)
+        spawning.cancel()  # (while its thread has the child's pid in hand)
+        release.set()
+        try:
+            await spawning
+        except asyncio.CancelledError:
+            print("cancelled")
+        await asyncio.to_thread(wait_until, lambda: not children_of(zygote.pid), 30)
+        print("no child left")
+    finally:
+        os.close(r)
+        os.close(w)
+        zygote.close()
+
+uvloop.run(main())
+"""
+
+
+def test_a_child_forked_for_a_cancelled_start_is_killed(tmp_path: Path) -> None:
+    """A start cancelled while the zygote forks (a pool closing as it
+    heals) leaves no child behind: the fork it asked for is killed."""
+    lines = run_script(tmp_path, "cancel.py", CANCELLED_START.format(root=str(ROOT)))
+    assert lines == ["cancelled", "no child left"]
