@@ -80,7 +80,8 @@ def run(config: WorkerSettings) -> int:
     logging.basicConfig(level=logging.WARNING, format="worker %(process)d: %(message)s")
     init = config.initializer, config.initargs, config.initializer_pickle
     if (failure := initializer.run(*init)) is not None:
-        initializer.report(config.ready_fd, failure)
+        with contextlib.suppress(serving.ParentGone):  # (nobody to tell)
+            initializer.report(config.ready_fd, failure)
         return 1
     try:
         uvloop.run(serve(config))
@@ -89,6 +90,7 @@ def run(config: WorkerSettings) -> int:
         auth.MissingToken,
         auth.BadToken,
         serving.CannotListen,
+        serving.ParentGone,
     ) as exc:
         print(f"worker: error: {exc}", file=sys.stderr)
         return 1

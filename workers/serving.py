@@ -42,6 +42,14 @@ READY_PREFIX: Final = "READY "
 log = logging.getLogger(__name__)
 
 
+class ParentGone(OSError):
+    """The process that started this one stopped waiting for it to start
+    (it gave up on a start that took too long, or it exited)."""
+
+    def __init__(self) -> None:
+        super().__init__("its supervisor no longer waits for it to start")
+
+
 class CannotListen(OSError):
     """A pool process cannot listen where it was told to (``--host``)."""
 
@@ -205,6 +213,8 @@ def tell_parent(ready_fd: int | None, line: str) -> None:
         return
     try:
         os.write(ready_fd, data)
+    except BrokenPipeError as exc:
+        raise ParentGone() from exc
     finally:
         os.close(ready_fd)
 

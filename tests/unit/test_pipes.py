@@ -19,7 +19,9 @@ import uvloop
 
 from pool.supervisor.children import read_ready
 from pool.supervisor.output import relay
+from workers import serving
 from workers.pipes import LineWriter, first_line, lines
+from workers.serving import ParentGone
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -162,3 +164,14 @@ def test_lines_to_a_reader_gone_go_nowhere_and_raise_nothing() -> None:
         writer.close()
 
     uvloop.run(run())
+
+
+def test_a_ready_line_to_a_parent_gone_is_a_typed_error_and_closes_the_pipe() -> None:
+    """A child whose supervisor stopped waiting for its start says so in
+    one line (``ParentGone``), not a traceback of a broken pipe."""
+    r, w = os.pipe()
+    os.close(r)
+    with pytest.raises(ParentGone, match="no longer waits"):
+        serving.announce_ready(w, address="unix:/nowhere")
+    with pytest.raises(OSError):
+        os.fstat(w)
