@@ -49,7 +49,7 @@ class Link(Protocol):
     dropped: bool  # discovery dropped the worker; its stream may still finish
     pace_s: float  # how long its tasks run (0: not known yet)
     rtt_s: float  # a round trip to it
-    answered_at: float  # when it last answered (or was sent work, idle)
+    progressed_at: float  # when it last reported a start (or was sent work, idle)
 
     @property
     def ready(self) -> bool: ...

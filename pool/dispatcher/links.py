@@ -15,7 +15,8 @@ How much a worker is sent ahead of its slots (:attr:`WorkerLink.free`):
 what keeps each slot busy through one round trip, at the pace its worker
 reports with its results: one a slot for tasks as long as a round trip or
 longer (``ProcessPoolExecutor`` holds ``max_workers + 1`` in its call
-queue), up to :data:`MAX_AHEAD_PER_SLOT` for tasks far shorter. The round
+queue), up to :data:`MAX_AHEAD_PER_SLOT` for tasks far shorter (which
+the router packs onto few workers: :mod:`pool.dispatcher.choosing`). The round
 trip is measured here, from a task's write to the report of its start: a
 slowly decaying minimum, since a task that waited for a slot reports late.
 """
@@ -49,7 +50,7 @@ from workers.serving import GRPC_OPTIONS, TLS_KEY
 
 log = logging.getLogger("pool.dispatcher")
 
-MAX_AHEAD_PER_SLOT: Final = 32
+MAX_AHEAD_PER_SLOT: Final = 128
 FIRST_RTT_S: Final = 0.0005  # the round trip, until one is measured
 RTT_DECAY: Final = 0.01  # how fast the measured minimum forgets
 
@@ -70,7 +71,7 @@ class WorkerLink:
         self.dropped = False
         self.pace_s = 0.0  # how long its tasks run (0: not known yet)
         self.rtt_s = FIRST_RTT_S
-        self.answered_at = 0.0
+        self.progressed_at = 0.0
         self._connected = False  # the stream reached the worker
         self._ended = False
         self._events = events
@@ -120,8 +121,8 @@ class WorkerLink:
         job.link = self
         job.started = False
         job.withdrawing = None
-        if not self.in_flight:  # idle until now: its answers are not late
-            self.answered_at = time.monotonic()
+        if not self.in_flight:  # idle until now: its starts are not late
+            self.progressed_at = time.monotonic()
         task = job.task
         task.attempt = job.attempts + 1
         self.in_flight[task.id] = job
@@ -219,11 +220,11 @@ class WorkerLink:
         events = self._events
         try:
             async for batch in call:
-                if batch.started:
+                if batch.started:  # (its slots move on: a withdrawal is no sign)
+                    self.progressed_at = time.monotonic()
                     self._time_round_trip(batch.started[0])
                     events.on_started(self, batch.started)
                 if batch.results:
-                    self.answered_at = time.monotonic()
                     self._name_holder(batch.results)
                     if batch.pace_us:
                         self.pace_s = batch.pace_us * 1e-6

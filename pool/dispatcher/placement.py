@@ -3,12 +3,11 @@
 :class:`Router` owns the queue of tasks waiting for a worker
 (:mod:`pool.dispatcher.queue`) and the links to the workers
 (:mod:`pool.dispatcher.roster`; the real link is
-:class:`~pool.dispatcher.links.WorkerLink`). It places each task on the
-least-loaded ready worker whose tags include the task's, never past what
-the link may hold (:attr:`~pool.dispatcher.jobs.Link.free`: its slots, and
-what hides a round trip ahead of them). Caller:
-:mod:`pool.dispatcher.server`, on its loop; the unit tests drive it with
-fake links.
+:class:`~pool.dispatcher.links.WorkerLink`). It places each task on a
+ready worker whose tags include the task's (short work packed, the rest
+spread: :mod:`pool.dispatcher.choosing`), never past what the link may
+hold (:attr:`~pool.dispatcher.jobs.Link.free`). Caller:
+:mod:`pool.dispatcher.server`, on its loop; tests drive it with fake links.
 
 A task is the router's until a worker *starts* it. One a worker holds
 unstarted is withdrawn when its client cancels it, and moved when the
@@ -50,9 +49,10 @@ from uuid import UUID
 import grpc
 
 from discovery import DiscoveryEvent, WorkerInfo
+from pool.dispatcher.choosing import Chooser
 from pool.dispatcher.exits import Exits
 from pool.dispatcher.jobs import Connect, Job, Link
-from pool.dispatcher.queue import MAX_QUEUED, LeastLoaded, TaskQueue
+from pool.dispatcher.queue import MAX_QUEUED, TaskQueue
 from pool.dispatcher.roster import Roster
 from pool.dispatcher.stealing import Withdrawals
 from pool.dispatcher.telemetry import Telemetry
@@ -109,7 +109,7 @@ class Router:
         )
         self._open = self._roster.open  # every link whose stream still runs
         self._refusing: set[Link] = set()  # answered UNAVAILABLE since its last news
-        self._withdrawals = Withdrawals()  # asked back from their workers
+        self._withdrawals = Withdrawals(self.pump)  # asked back from workers
         self.queue = TaskQueue(max_queued)
         self.stopping = False
         self._stack = contextlib.AsyncExitStack()  # holds the task group
@@ -134,6 +134,7 @@ class Router:
     async def __aexit__(self, *exc_info: Any) -> None:
         """Close every link and wait for all of it to end."""
         self._expiring.cancel()
+        self._withdrawals.close()
         self._roster.close()
         await self._stack.__aexit__(*exc_info)
 
@@ -336,7 +337,7 @@ class Router:
         ]
         for _ in range(2):  # (again once for what a steal took back at once)
             if self.queue:
-                self.queue.place(LeastLoaded(ready))
+                self.queue.place(Chooser(ready))
             if self.queue.waiting or not self._steal(ready):
                 return
 

@@ -11,21 +11,22 @@ client streams stop reading until it is set again (DESIGN.md,
 Concurrency). A job cancelled while it waits is counted out at once and
 skipped when :meth:`TaskQueue.place` or :meth:`TaskQueue.remove_where`
 meets it. A job no ready worker matches expires after a bound
-(:meth:`TaskQueue.expired`). Where each job goes is :class:`LeastLoaded`'s
-choice. Owned by :class:`~pool.dispatcher.placement.Router`, on the
-dispatcher's loop; no I/O.
+(:meth:`TaskQueue.expired`). Where each job goes is
+:class:`~pool.dispatcher.choosing.Chooser`'s choice. Owned by
+:class:`~pool.dispatcher.placement.Router`, on the dispatcher's loop; no
+I/O.
 """
 
 from __future__ import annotations
 
 import asyncio
-import heapq
 import time
 from collections import deque
 from collections.abc import Callable, Iterator
 from typing import Final
 
-from pool.dispatcher.jobs import Job, Link, Owner
+from pool.dispatcher.choosing import Chooser
+from pool.dispatcher.jobs import Job, Owner
 
 MAX_QUEUED: Final = 100_000  # the default bound
 
@@ -67,7 +68,7 @@ class TaskQueue:
         if self.waiting < self.max_queued:
             self.room.set()
 
-    def place(self, chooser: LeastLoaded) -> None:
+    def place(self, chooser: Chooser) -> None:
         """Hand jobs, in turn, to the link ``chooser`` picks for each, while
         any has room; a job with none keeps its place in its line."""
         kept: list[tuple[deque[Job], Job]] = []
@@ -84,7 +85,7 @@ class TaskQueue:
                 self._turns.append(line)
             line.appendleft(job)
 
-    def _in_turn(self, chooser: LeastLoaded) -> Iterator[tuple[deque[Job], Job]]:
+    def _in_turn(self, chooser: Chooser) -> Iterator[tuple[deque[Job], Job]]:
         """The unfinished jobs, each taken out of its line, while ``chooser``
         has room: those given back, then one of each client's in turn."""
         front, turns = self._front, self._turns
@@ -144,52 +145,3 @@ class TaskQueue:
             return since is not None and now - since >= limit_s
 
         return self.remove_where(expired)
-
-
-class LeastLoaded:
-    """For one pump of the queue: the least-loaded of ``links`` (tasks held
-    over slots; the first on a tie) with room for a job and its tags. The
-    room of each link is read once; a job without tags takes the top of a
-    heap (no scan of every link for every job), one with tags a scan."""
-
-    def __init__(self, links: list[Link]) -> None:
-        self._room = {link: link.free for link in links}
-        self.room = sum(max(free, 0) for free in self._room.values())
-        self._heap = [
-            (_load(link), i, link)
-            for i, link in enumerate(links)
-            if self._room[link] > 0
-        ]
-        heapq.heapify(self._heap)
-
-    def choose(self, job: Job) -> Link | None:
-        """The link for ``job`` (which the caller sends there at once)."""
-        if job.tags:
-            fits = [
-                k for k, n in self._room.items() if n > 0 and job.tags <= k.info.tags
-            ]
-            link = min(fits, key=_load, default=None)
-        else:
-            link = self._top()
-        if link is not None:
-            self._room[link] -= 1
-            self.room -= 1
-        return link
-
-    def _top(self) -> Link | None:
-        heap = self._heap
-        while heap:
-            load, i, link = heap[0]
-            if self._room[link] <= 0:
-                heapq.heappop(heap)
-            elif load != _load(link):  # (a tagged job went there since)
-                heapq.heapreplace(heap, (_load(link), i, link))
-            else:  # its load once the job is sent there:
-                after = (len(link.in_flight) + 1) / link.slots
-                heapq.heapreplace(heap, (after, i, link))
-                return link
-        return None
-
-
-def _load(link: Link) -> float:
-    return len(link.in_flight) / link.slots

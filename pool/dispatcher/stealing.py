@@ -5,28 +5,58 @@ and what it holds unstarted stays the router's. This module asks for such
 tasks back, for two reasons: to *move* them, when the router's queue is
 empty and some worker has a slot with nothing for it (:meth:`steal`), and
 to *stop* them, when the pool drains (:meth:`take_back_all`). A holder
-whose tasks are far shorter than a round trip, and that answered within
-one, is left alone: what it holds will have run before a steal arrives. A task not
-yet written to its worker comes back at once; one written is asked back
+whose tasks are shorter than a round trip, and that started one lately, is
+left alone (:func:`~pool.dispatcher.choosing.keeps_up`): what it holds
+will have run before a steal arrives. A task not yet written to its
+worker comes back at once; one written is asked back
 with a cancel, and the worker answers exactly one of "withdrawn"
 (CANCELLED) or "started" (the task runs there, and the ask is forgotten).
 Owned by :class:`~pool.dispatcher.placement.Router`, which queues or fails
 what comes back; on the dispatcher's loop, no I/O of its own.
+
+A holder left alone because it kept up may stop keeping up with nothing
+else happening (a long task among short ones that the router packed
+behind it: :mod:`pool.dispatcher.choosing`): so :meth:`Withdrawals.steal`
+keeps one timer, for when the first such holder will lag
+(:func:`~pool.dispatcher.choosing.lag_after`), and then calls its owner
+back to pump (and steal) again.
+Its owner ends it with :meth:`Withdrawals.close`.
 """
 
 from __future__ import annotations
 
+import asyncio
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
+from typing import Final
 
+from pool.dispatcher.choosing import keeps_up, lag_after
 from pool.dispatcher.jobs import Job, Link
+
+# The look-again timer waits at least this long (it fires about once per
+# choosing.LAG_MIN_S while a packed holder keeps up beside an idle worker).
+LOOK_AGAIN_MIN_S: Final = 0.001
 
 
 class Withdrawals:
-    """The tasks asked back from their workers, to be placed again."""
+    """The tasks asked back from their workers, to be placed again.
 
-    def __init__(self) -> None:
+    :param look_again: called (on the loop) once a holder left alone
+        by :meth:`steal` may no longer keep up: the owner pumps again.
+    """
+
+    def __init__(self, look_again: Callable[[], None] = lambda: None) -> None:
         self.asked: set[Job] = set()
+        self._look_again = look_again
+        self._due: float | None = None  # when a holder left alone may lag
+        self._timer: asyncio.TimerHandle | None = None
+
+    def close(self) -> None:
+        """Stop the look-again timer."""
+        self._due = None
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
 
     def forget(self, job: Job) -> None:
         """The ask is answered (withdrawn, started, cancelled or lost)."""
@@ -37,6 +67,7 @@ class Withdrawals:
         holder keeps waiting behind its busy slots (the newest first), if an
         idle link can run it; what an ask in flight will bring counts. The
         tasks that came back at once (not written yet) are returned."""
+        self._due = None
         wanted = sum(k.slots - len(k.in_flight) for k in idle) - len(self.asked)
         if wanted <= 0:
             return []
@@ -46,7 +77,8 @@ class Withdrawals:
             waiting = _excess(holder)
             if waiting <= 0:
                 break
-            if _keeps_up(holder, now):
+            if keeps_up(holder, now):
+                self._watch(lag_after(holder))
                 continue
             for job in reversed(list(holder.in_flight.values())):
                 if wanted <= 0 or waiting <= 0:
@@ -60,6 +92,29 @@ class Withdrawals:
             if wanted <= 0:
                 break
         return back
+
+    def _watch(self, due: float) -> None:
+        """Look again at ``due`` (or sooner, if another holder lags sooner)."""
+        if self._due is None or due < self._due:
+            self._due = due
+        if self._timer is None:
+            self._arm(self._due)
+
+    def _arm(self, due: float) -> None:
+        delay = max(due - time.monotonic(), LOOK_AGAIN_MIN_S)
+        self._timer = asyncio.get_running_loop().call_later(delay, self._fire)
+
+    def _fire(self) -> None:
+        """The timer: call the owner back, unless the last steal found the
+        holders it left alone lagging later than this (wait for that)."""
+        self._timer = None
+        if self._due is None:
+            return  # no holder is left alone beside an idle slot now
+        if time.monotonic() < self._due:
+            self._arm(self._due)
+        else:
+            self._due = None
+            self._look_again()
 
     def take_back_all(self, links: Iterable[Link]) -> list[Job]:
         """Ask back every task the links hold unstarted (the pool stops);
@@ -80,12 +135,6 @@ class Withdrawals:
             job.withdrawing = "requeue"
             self.asked.add(job)
             link.cancel(job.task.id)
-
-
-def _keeps_up(link: Link, now: float) -> bool:
-    """Whether what ``link`` holds will have run before a steal arrives:
-    its tasks are shorter than a round trip, and it answered within one."""
-    return 0 < link.pace_s < link.rtt_s and now - link.answered_at < link.rtt_s
 
 
 def _excess(link: Link) -> int:

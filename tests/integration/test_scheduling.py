@@ -94,13 +94,21 @@ def test_a_burst_with_a_long_task_spreads_over_both_workers(gates: Path) -> None
         holder.result(timeout=DEADLINE_S)
 
 
-def test_a_fresh_pool_runs_its_first_two_tasks_at_once(gates: Path) -> None:
-    """Two tasks on a fresh Pool(2) each wait until both have started: they
-    finish only if they run at the same time, one on each worker.
+@pytest.mark.parametrize("learned", [False, True], ids=["fresh", "learned-short"])
+def test_two_tasks_that_wait_for_each_other_run_at_once(
+    gates: Path, learned: bool
+) -> None:
+    """Two tasks on a Pool(2) each wait until both have started: they
+    finish only if they run at the same time, one on each worker: on a
+    fresh pool, and on one that has learned its tasks are short (and so
+    packs them onto one worker).
 
-    Regression: Pool.__enter__ returned before the dispatcher had linked
-    the second worker, so both went to the first."""
+    Regressions: Pool.__enter__ returned before the dispatcher had linked
+    the second worker, so both went to the first; packed behind the first,
+    the second stayed there while the other worker was idle."""
     with Pool(workers=2) as client:
+        if learned:
+            assert sum(client.map(abs, range(-100, 100), chunksize=1)) == 10_000
         a = client.submit(sample_tasks.meet, str(gates), "a", "b")
         b = client.submit(sample_tasks.meet, str(gates), "b", "a")
         assert _all_done([a, b]), "the two tasks did not run at once"

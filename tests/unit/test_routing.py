@@ -6,6 +6,7 @@ import asyncio
 import dataclasses
 import pickle
 import random
+import time
 import uuid
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
@@ -16,10 +17,11 @@ import pytest
 
 from discovery import DiscoveryEvent, WorkerInfo
 from pool import NoWorkerAvailable, PoolStopping, WorkerLost
+from pool.dispatcher.choosing import PACK_FACTOR, Chooser
 from pool.dispatcher.jobs import Job, LinkEvents
 from pool.dispatcher.links import MAX_AHEAD_PER_SLOT, WorkerLink
 from pool.dispatcher.placement import MAX_UNTAKEN_LOSSES, Router
-from pool.dispatcher.queue import LeastLoaded, TaskQueue
+from pool.dispatcher.queue import TaskQueue
 from workers.protocol import codec
 from workers.protocol.worker_pb2 import Chunk, FetchRequest, Result, Task
 
@@ -39,7 +41,7 @@ class FakeLink:
         self.unwritten: list[Job] = []  # sent, not yet written
         self.cancels: list[int] = []
         self.ahead = 0  # what it may hold past its slots
-        self.pace_s, self.rtt_s, self.answered_at = 0.0, 0.001, 0.0
+        self.pace_s, self.rtt_s, self.progressed_at = 0.0, 0.001, 0.0
         self._ended = asyncio.Event()
 
     @property
@@ -527,6 +529,54 @@ async def test_a_cancel_withdraws_a_held_task_even_while_it_is_stolen() -> None:
             )
 
 
+async def test_short_work_is_packed_onto_the_busiest_worker_that_keeps_up() -> None:
+    """Workers whose tasks run far shorter than a round trip take tasks
+    first, the busiest first, each up to its room; then the least loaded
+    of the rest (one whose pace is not known yet, or is long)."""
+    async with world() as w:
+        b = w.add("b", capacity=1)
+        b.ahead = 3
+        first = w.submit()  # (b only: b is the busiest from now on)
+        a, fresh, slow = (w.add(n, capacity=1) for n in ("a", "fresh", "slow"))
+        await settle()
+        for link in (a, b, slow):  # (each started a task within a round trip)
+            link.rtt_s, link.progressed_at = 60.0, time.monotonic()
+            link.pace_s = link.rtt_s / PACK_FACTOR / 10
+        slow.pace_s = slow.rtt_s / PACK_FACTOR * 2  # (runs near a round trip)
+        a.ahead = 3
+        jobs = [w.submit() for _ in range(10)]
+        assert first.link is b
+        assert [j.link for j in jobs[:7]] == [b] * 3 + [a] * 4
+        assert {j.link for j in jobs[7:9]} == {fresh, slow}
+        assert jobs[9].link is None, "no room is left anywhere"
+
+
+async def test_a_packed_worker_that_stops_answering_has_its_held_tasks_stolen() -> None:
+    """A worker that keeps up with short work holds tasks behind its busy
+    slot while another worker is idle; once it lags (starts nothing for a
+    while), with nothing else happening, a held task is asked back, and
+    goes to the idle worker.
+
+    Regression (of packing): a long task among short ones, packed on a
+    worker, kept the short ones behind it while another worker sat idle."""
+    async with world() as w:
+        a = w.add("a", capacity=1)
+        a.ahead = 2
+        running, *held = (w.submit() for _ in range(3))
+        a.write()
+        a.start(running)
+        a.rtt_s, a.pace_s = 0.05, 0.0001
+        a.progressed_at = time.monotonic()  # it keeps up, for a while
+        w.add("b", capacity=1)
+        await settle()
+        assert a.cancels == [], "a worker that keeps up is left alone"
+        async with asyncio.timeout(5):
+            await _until(lambda: a.cancels == [held[-1].task.id])
+        assert time.monotonic() - a.progressed_at >= a.rtt_s
+        a.withdrawn(held[-1])
+        assert held[-1].link is w.link("b")
+
+
 def test_a_worker_is_sent_ahead_only_what_hides_a_round_trip() -> None:
     """Before its pace is known, and while its tasks run a round trip or
     longer, a worker is sent one task ahead per slot; far shorter tasks get
@@ -570,7 +620,7 @@ def test_least_loaded_picks_as_a_scan_of_every_link_would() -> None:
             link.ahead = rng.randint(0, 2)
             for _ in range(rng.randint(0, 3)):
                 link.in_flight[rng.getrandbits(32)] = None  # type: ignore[assignment]
-        chooser = LeastLoaded(links)  # type: ignore[arg-type]
+        chooser = Chooser(links)  # type: ignore[arg-type]
         for n in range(20):
             job = Job(
                 Task(id=n),
@@ -603,13 +653,13 @@ def test_the_queue_serves_given_back_jobs_then_each_client_in_turn() -> None:
     plain = FakeLink(
         WorkerInfo(uuid.uuid4(), "unix:/p", 1, "1", capacity=10), _NoEvents()
     )
-    queue.place(LeastLoaded([plain]))
+    queue.place(Chooser([plain]))
     names = {id(job): name for name, job in jobs.items()}
     assert [names[id(j)] for j in plain.unwritten] == ["back", "a0", "b0", "b1", "a2"]
     assert queue and queue.waiting == 1
     gpu = FakeLink(
         WorkerInfo(uuid.uuid4(), "unix:/g", 2, "1", frozenset({"gpu"})), _NoEvents()
     )
-    queue.place(LeastLoaded([plain, gpu]))
+    queue.place(Chooser([plain, gpu]))
     assert gpu.unwritten == [jobs["a1"]]
     assert not queue and queue.waiting == 0
