@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import itertools
 import pickle
+import types
 import uuid
 from collections.abc import Callable, Iterable, Iterator
-from types import ModuleType
 from typing import Any, Final, TypedDict
 
 from discovery import backends, paths
@@ -40,6 +40,10 @@ MIN_CHUNKS: Final = 32
 # least MIN_TIMED_CALLS calls times a call for the next map of its callable.
 MAX_CHUNK_BYTES: Final = 1 << 20
 MIN_TIMED_CALLS: Final = 16
+# The types a callable that travels by name has (and a "module:qualname"),
+# and how many such callables a client remembers.
+_NAMED: Final = frozenset({str, types.FunctionType, types.BuiltinFunctionType, type})
+MAX_NAMED: Final = 4096
 
 
 def outcome(result: Result, store: Store | None = None, key: str = "") -> Any:
@@ -110,7 +114,7 @@ class Submissions:
         self,
         tags: Iterable[str],
         task_timeout_s: float | None,
-        ship_modules: Iterable[ModuleType] = (),
+        ship_modules: Iterable[types.ModuleType] = (),
     ) -> None:
         self._tags = tuple(tags)
         self.timeout_s = task_timeout_s or 0.0
@@ -121,6 +125,9 @@ class Submissions:
         # How long one call of each callable ran in a map's last chunk (by
         # name, or digest): a later map of it skips the probes.
         self._per_call_s: dict[str | bytes, float] = {}
+        # The callables that travel by name, found once each (a by-value
+        # one is pickled at each call: its globals may have changed).
+        self._by_name: dict[Callable[..., Any] | str, shipping.Reference] = {}
 
     def per_call_s(self, ref: shipping.Reference) -> float | None:
         """How long a call of ``ref`` ran in an earlier map, if known."""
@@ -139,9 +146,15 @@ class Submissions:
         :raises TypeError: if ``fn`` is neither a callable nor a name.
         :raises Exception: whatever pickling ``fn`` raises.
         """
-        if not (isinstance(fn, str) or callable(fn)):
-            raise TypeError(f"{type(fn).__name__!r} object is not callable")
-        return shipping.reference(fn, self._ship_modules)
+        if type(fn) not in _NAMED:  # (may not hash, and is not named)
+            if not callable(fn):
+                raise TypeError(f"{type(fn).__name__!r} object is not callable")
+            return shipping.reference(fn, self._ship_modules)
+        if (ref := self._by_name.get(fn)) is None:
+            ref = shipping.reference(fn, self._ship_modules)
+            if ref.name and len(self._by_name) < MAX_NAMED:
+                self._by_name[fn] = ref
+        return ref
 
     def make(
         self,
@@ -162,7 +175,7 @@ class Submissions:
         :raises SharedMemoryFull: if its arguments do not fit shared memory.
         :raises Exception: whatever pickling the arguments raises.
         """
-        submission = Submission(tags=self._tags)
+        submission = Submission(tags=self._tags) if self._tags else Submission()
         task = submission.task  # (filled in place: no Task made and copied)
         task.id = next(self._ids)
         hold = _pack(task, ref, args, kwargs, store)
@@ -191,7 +204,7 @@ class ClientOptions(TypedDict, total=False):
 
     tags: Iterable[str]
     task_timeout_s: float | None
-    ship_modules: Iterable[ModuleType]
+    ship_modules: Iterable[types.ModuleType]
     discovery_url: str | None
     token_file: str | None
     tls_ca: str | None
@@ -218,8 +231,8 @@ def open_options(
     return namespace, locator, submissions
 
 
-def _ship(module: ModuleType) -> str:
-    if not isinstance(module, ModuleType):
+def _ship(module: types.ModuleType) -> str:
+    if not isinstance(module, types.ModuleType):
         raise TypeError(
             f"ship_modules takes modules (import them first), got "
             f"{type(module).__name__} {module!r}"

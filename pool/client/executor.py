@@ -38,7 +38,7 @@ from pool.client.core import (
     calls_in,
     open_options,
 )
-from pool.client.loop import LoopThread, interpreter_exiting
+from pool.client.loop import LoopThread, PoolFuture, interpreter_exiting
 from pool.client.progress import Progress, follow, open_bar
 from pool.client.refs import ObjectRef
 from pool.client.store import NO_STORE
@@ -149,7 +149,7 @@ class Client(concurrent.futures.Executor):
                     raise RuntimeError(
                         "cannot schedule new futures after interpreter shutdown"
                     )
-                future: concurrent.futures.Future[Any] = concurrent.futures.Future()
+                future = PoolFuture()
                 try:
                     if isinstance(ref, Exception):
                         raise ref

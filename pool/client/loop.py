@@ -62,25 +62,45 @@ def _python_exit() -> None:
 threading._register_atexit(_python_exit)  # type: ignore[attr-defined]
 
 
+class PoolFuture(concurrent.futures.Future[Any]):
+    """The future of a task sent to the pool: a
+    :class:`concurrent.futures.Future` whose successful :meth:`cancel` tells
+    the client's loop to withdraw the task (no done callback of ours)."""
+
+    _handler: FutureHandler | None = None  # set once its task is sent
+
+    def cancel(self) -> bool:
+        if not super().cancel():
+            return False
+        handler, self._handler = self._handler, None
+        if handler is not None:
+            handler.owner_cancelled()
+        return True
+
+
 class FutureHandler:
     """Drives one :class:`concurrent.futures.Future` from its task's answers,
     on the client's loop: RUNNING once a worker started it, then its result.
     A cancelled future is told to its waiters once (see
-    ``Future.set_running_or_notify_cancel``)."""
+    ``Future.set_running_or_notify_cancel``). With ``runner``, tells it
+    when the future is settled or its owner cancelled it."""
 
-    __slots__ = ("_future", "_hold", "_notified", "_store")
+    __slots__ = ("_future", "_hold", "_notified", "_runner", "_store", "task_id")
 
     def __init__(
         self,
         future: concurrent.futures.Future[Any],
         store: Store | None = None,
         hold: Hold = HOLD_NOTHING,
+        runner: LoopThread | None = None,
+        task_id: int = 0,
     ) -> None:
-        # (Let go of once it is settled: the future's done callback holds
-        # this handler, and a cycle would keep a large value until a GC.)
+        # (Let go of once it is settled: the future holds this handler until
+        # it is cancelled, and a cycle would keep a large value until a GC.)
         self._future: concurrent.futures.Future[Any] | None = future
         self._notified = False  # set_running_or_notify_cancel was called
         self._store, self._hold = store, hold  # its arguments' shared memory
+        self._runner, self.task_id = runner, task_id
 
     def started(self) -> None:
         if not self._notified and self._future is not None:
@@ -91,10 +111,16 @@ class FutureHandler:
         """The future was cancelled: wake those who wait on it."""
         self.started()  # returns False and notifies, the future being cancelled
 
+    def owner_cancelled(self) -> None:
+        """Any thread: the future's owner cancelled it."""
+        if self._runner is not None and self._future is not None:
+            self._runner.on_cancel(self._future, self)
+
     def fail(self, exc: BaseException) -> None:
         """The task was never sent: its future fails with ``exc``."""
         if (future := self._settling()) is not None:
             settle(future.set_exception, exc)
+            self._settled(future)
 
     def resolve(self, result: Result) -> None:
         if (future := self._settling()) is None:
@@ -106,6 +132,7 @@ class FutureHandler:
             settle(future.set_exception, exc)
         else:
             settle(future.set_result, value)
+        self._settled(future)
 
     def _settling(self) -> concurrent.futures.Future[Any] | None:
         """Release what the task's arguments held; the future to settle,
@@ -117,6 +144,12 @@ class FutureHandler:
             return None
         self._future = None
         return future
+
+    def _settled(self, future: concurrent.futures.Future[Any]) -> None:
+        if isinstance(future, PoolFuture):
+            future._handler = None  # (a done future cancels nothing)
+        if self._runner is not None:
+            self._runner.forget(future)
 
 
 def settle(setter: Callable[[Any], None], value: Any) -> None:
@@ -161,7 +194,8 @@ class LoopThread:
             crashed = PoolError(f"the client's connection failed: {exc!r}")
             with self._lock:
                 self._crashed = crashed
-                futures = list(self.outstanding)
+                futures, self.outstanding = list(self.outstanding), set()
+                self._room.notify_all()
             for future in futures:
                 settle(future.set_exception, crashed)
         finally:
@@ -227,12 +261,12 @@ class LoopThread:
         self,
         submission: Submission,
         code: bytes,
-        future: concurrent.futures.Future[Any],
+        future: PoolFuture,
         hold: Hold = HOLD_NOTHING,
     ) -> None:
         """Send a task whose room :meth:`reserve` took (any thread);
         ``hold`` is what its arguments hold in the store, until answered."""
-        handler = FutureHandler(future, self.store, hold)
+        handler = FutureHandler(future, self.store, hold, self, submission.task.id)
         with self._lock:
             if self._max_pending is not None:
                 self._reserved -= 1
@@ -241,26 +275,25 @@ class LoopThread:
                 handler.fail(self._crashed)
                 return
             self.outstanding.add(future)
+            future._handler = handler
             self._inbox.append((submission, code, handler))
             if not self._flush_scheduled:
                 self._flush_scheduled = True
                 self._loop.call_soon_threadsafe(self._flush)
-        task_id = submission.task.id
-        future.add_done_callback(lambda f: self._on_done(f, task_id, handler))
 
-    def _on_done(
-        self,
-        future: concurrent.futures.Future[Any],
-        task_id: int,
-        handler: FutureHandler,
-    ) -> None:
-        """Any thread: the future finished, or its owner cancelled it."""
+    def forget(self, future: concurrent.futures.Future[Any]) -> None:
+        """Any thread: the future is done (settled or cancelled)."""
         with self._lock:
             self.outstanding.discard(future)
             self._room.notify()
-        if future.cancelled():
-            with contextlib.suppress(RuntimeError):  # closed: nothing pending there
-                self._loop.call_soon_threadsafe(self._cancel, task_id, handler)
+
+    def on_cancel(
+        self, future: concurrent.futures.Future[Any], handler: FutureHandler
+    ) -> None:
+        """Any thread: the future's owner cancelled it: withdraw its task."""
+        self.forget(future)
+        with contextlib.suppress(RuntimeError):  # closed: nothing pending there
+            self._loop.call_soon_threadsafe(self._cancel, handler)
 
     def _flush(self) -> None:
         with self._lock:
@@ -270,9 +303,9 @@ class LoopThread:
         for submission, code, handler in inbox:
             self._connection.submit(submission, handler, code)
 
-    def _cancel(self, task_id: int, handler: FutureHandler) -> None:
+    def _cancel(self, handler: FutureHandler) -> None:
         assert self._connection is not None
-        self._connection.cancel(task_id)
+        self._connection.cancel(handler.task_id)
         handler.cancelled()
 
     def cancel_pending(self) -> None:

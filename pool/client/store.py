@@ -39,7 +39,7 @@ from workers.protocol.errors import SharedMemoryFull
 from workers.protocol.owners import DataOwner
 from workers.protocol.payload import INLINE_MAX
 from workers.protocol.segments import SEGMENT_RE, Written
-from workers.protocol.worker_pb2 import Data, Home, Segment, Task
+from workers.protocol.worker_pb2 import Data, Segment, Task
 
 SWEEP_S: Final = 1.0
 NO_STORE: Final = (
@@ -67,7 +67,6 @@ class Store:
     def __init__(self, owner: DataOwner) -> None:
         self.owner = owner
         self.host = segments.host_id()
-        self._home = Home(host=self.host, owner=owner.id)
         self._lock = threading.Lock()
         self._holders: dict[str, int] = {}  # segment: payloads naming it
         self._sizes: dict[str, int] = {}  # of those held and the spares
@@ -128,8 +127,8 @@ class Store:
             task.args = packed
         else:
             task.data.CopyFrom(packed)
-        task.home.MergeFrom(self._home)
-        task.home.tag = task.id
+        home = task.home  # (its fields set one by one: a merge costs more)
+        home.host, home.owner, home.tag = self.host, self.owner.id, task.id
         if hold.lend is not None:
             task.home.lend.CopyFrom(hold.lend)
         return hold
