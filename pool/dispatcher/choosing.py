@@ -10,7 +10,7 @@ Two rules, by how long a link's tasks run (its worker's measured pace):
   messages to as few workers as keep up with it; spread over many, each
   message would carry a task or two, and the processes' wake-ups, not
   the tasks, would take the machine (no-ops with 256 in flight, on 2
-  cores: 1,100 tasks a second spread over 128 workers, 6,600 packed). A
+  cores: 1,100 tasks a second spread over 128 workers, 4,900 packed). A
   task packed behind a long one (a short worker's pace is no promise)
   waits until its worker lags, then moves to an idle one
   (:mod:`pool.dispatcher.stealing`).
