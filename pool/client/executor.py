@@ -38,7 +38,8 @@ from pool.client.core import (
     calls_in,
     open_options,
 )
-from pool.client.loop import LoopThread, PoolFuture, interpreter_exiting
+from pool.client.futures import PoolFuture
+from pool.client.loop import LoopThread, interpreter_exiting
 from pool.client.progress import Progress, follow, open_bar
 from pool.client.refs import ObjectRef
 from pool.client.store import NO_STORE

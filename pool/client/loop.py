@@ -25,6 +25,7 @@ from grpc import aio
 
 from pool.client.connection import Connection
 from pool.client.core import dropped, outcome
+from pool.client.futures import PoolFuture
 from pool.client.rendezvous import Locator
 from pool.client.store import HOLD_NOTHING, Hold, Store
 from pool.dispatcher_pb2 import Submission
@@ -60,22 +61,6 @@ def _python_exit() -> None:
 # Runs before non-daemon threads are joined, while our loop threads still
 # run (the standard executors register their exit hook the same way).
 threading._register_atexit(_python_exit)  # type: ignore[attr-defined]
-
-
-class PoolFuture(concurrent.futures.Future[Any]):
-    """The future of a task sent to the pool: a
-    :class:`concurrent.futures.Future` whose successful :meth:`cancel` tells
-    the client's loop to withdraw the task (no done callback of ours)."""
-
-    _handler: FutureHandler | None = None  # set once its task is sent
-
-    def cancel(self) -> bool:
-        if not super().cancel():
-            return False
-        handler, self._handler = self._handler, None
-        if handler is not None:
-            handler.owner_cancelled()
-        return True
 
 
 class FutureHandler:

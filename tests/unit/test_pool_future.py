@@ -1,0 +1,89 @@
+"""A client's future behaves as a ``concurrent.futures.Future`` for the
+standard library's own functions, whichever thread touches it first."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import threading
+from typing import Any
+
+import pytest
+
+from pool.client.futures import PoolFuture
+from tests.helpers import DEADLINE_S
+
+pytestmark = pytest.mark.timeout(30)
+
+
+def test_a_pool_future_goes_through_the_standard_states() -> None:
+    """Pending, cancelled (and told to its handler once); or running, then
+    done with a value or an exception, callbacks called, as a Future."""
+    told: list[str] = []
+
+    class Handler:
+        def owner_cancelled(self) -> None:
+            told.append("cancelled")
+
+    cancelled = PoolFuture()
+    cancelled._handler = Handler()
+    assert not cancelled.done() and cancelled.cancel() and cancelled.cancel()
+    assert cancelled.cancelled() and told == ["cancelled"]
+    assert not cancelled.set_running_or_notify_cancel()
+    with pytest.raises(concurrent.futures.CancelledError):
+        cancelled.result(0)
+
+    ran = PoolFuture()
+    seen: list[object] = []
+    ran.add_done_callback(lambda f: seen.append(f.result()))
+    assert ran.set_running_or_notify_cancel() and ran.running()
+    assert not ran.cancel()
+    ran.set_result(7)
+    assert ran.result(0) == 7 and seen == [7] and told == ["cancelled"]
+
+    failed = PoolFuture()
+    failed.set_exception(KeyError("k"))
+    assert isinstance(failed.exception(0), KeyError)
+
+
+def test_wait_and_as_completed_take_pool_futures_beside_plain_ones() -> None:
+    """FIRST_COMPLETED, ALL_COMPLETED and as_completed see each future end,
+    set from another thread."""
+    ours: concurrent.futures.Future[Any] = PoolFuture()
+    theirs: concurrent.futures.Future[Any] = concurrent.futures.Future()
+    setter = threading.Thread(target=ours.set_result, args=(1,))
+    setter.start()
+    done, _ = concurrent.futures.wait(
+        [ours, theirs], DEADLINE_S, concurrent.futures.FIRST_COMPLETED
+    )
+    assert done == {ours}
+    theirs.set_result(2)
+    assert set(concurrent.futures.as_completed([ours, theirs], DEADLINE_S)) == {
+        ours,
+        theirs,
+    }
+    setter.join()
+
+
+@pytest.mark.parametrize("round_", range(20))
+def test_threads_that_first_touch_a_future_together_all_wake(round_: int) -> None:
+    """Eight threads released together each wait on a future nobody has
+    touched yet (its condition is made on first need): once set, every one
+    of them has its value. Regression guard: two threads making two
+    conditions would leave some waiting on one that is never notified."""
+    future = PoolFuture()
+    start = threading.Barrier(9)
+    got: list[object] = []
+
+    def waiter() -> None:
+        start.wait()
+        got.append(future.result())  # (no timeout: only a notify wakes it)
+
+    threads = [threading.Thread(target=waiter, daemon=True) for _ in range(8)]
+    for thread in threads:
+        thread.start()
+    start.wait()
+    future.set_result(round_)
+    for thread in threads:
+        thread.join(DEADLINE_S)
+    assert not any(thread.is_alive() for thread in threads), "a waiter was not woken"
+    assert got == [round_] * 8
