@@ -73,10 +73,9 @@ class Withdrawals:
             return []
         now = time.monotonic()
         back: list[Job] = []
-        for holder in sorted(holders, key=_excess, reverse=True):
+        holding = [k for k in holders if len(k.in_flight) > k.slots]  # (few)
+        for holder in sorted(holding, key=_excess, reverse=True):
             waiting = _excess(holder)
-            if waiting <= 0:
-                break
             if keeps_up(holder, now):
                 self._watch(lag_after(holder))
                 continue
