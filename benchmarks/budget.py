@@ -22,15 +22,9 @@ from typing import Any
 from discovery import list_workers
 from pool import Pool
 from pool.bench.measures import submit_rate
+from pool.bench.proc import cpu_s
 
 TASKS = 20_000
-TICKS_S = os.sysconf("SC_CLK_TCK")
-
-
-def _cpu_s(pid: int) -> float:
-    with open(f"/proc/{pid}/stat") as stat:
-        fields = stat.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / TICKS_S  # utime + stime
 
 
 def _syscalls(pid: int) -> tuple[int, int]:
@@ -45,7 +39,7 @@ def _syscalls(pid: int) -> tuple[int, int]:
 def _sample(pids: Iterable[int]) -> tuple[float, int, int]:
     cpu = reads = writes = 0.0
     for pid in pids:
-        cpu += _cpu_s(pid)
+        cpu += cpu_s(pid)
         r, w = _syscalls(pid)
         reads, writes = reads + r, writes + w
     return cpu, int(reads), int(writes)

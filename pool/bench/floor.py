@@ -26,7 +26,10 @@ import grpc
 import uvloop
 from grpc import aio
 
+from pool.bench.proc import cpu_s
+
 METHOD = "/floor.Echo/Stream"
+WARM_UP = 50  # round trips not timed
 MESSAGE = b"x" * 64
 
 
@@ -71,17 +74,19 @@ async def _round_trips(socket: str, samples: int) -> list[float]:
     async with aio.insecure_channel(f"unix:{socket}") as channel:
         call: Any = channel.stream_stream(METHOD)()
         times = []
-        for _ in range(samples + 50):  # the first 50 warm up
+        for _ in range(samples + WARM_UP):
             started = time.perf_counter()
             await call.write(MESSAGE)
             await call.read()
             times.append(time.perf_counter() - started)
         await call.done_writing()
-    return times[50:]
+    return times[WARM_UP:]
 
 
-def measure(samples: int = 500) -> list[float]:
-    """Round trips through relay and echo, in seconds (each its own process)."""
+def measure(samples: int = 500, cpu: dict[str, float] | None = None) -> list[float]:
+    """Round trips through relay and echo, in seconds (each its own process);
+    with ``cpu``, each process's CPU time per round trip (s) goes in it, as
+    ``client`` (this process), ``relay`` and ``echo``."""
     with tempfile.TemporaryDirectory(prefix="shmp-floor-") as directory:
         echo_socket = str(Path(directory) / "echo.sock")
         relay_socket = str(Path(directory) / "relay.sock")
@@ -100,7 +105,16 @@ def measure(samples: int = 500) -> list[float]:
                 assert server.stdout is not None
                 if server.stdout.readline().strip() != "ready":
                     raise RuntimeError("a floor server did not start")
-            return uvloop.run(_round_trips(relay_socket, samples))
+            pids = {"echo": servers[0].pid, "relay": servers[1].pid}
+            before = {name: cpu_s(pid) for name, pid in pids.items()}
+            mine = time.process_time()
+            times = uvloop.run(_round_trips(relay_socket, samples))
+            if cpu is not None:
+                rounds = len(times) + WARM_UP
+                cpu["client"] = (time.process_time() - mine) / rounds
+                for name, pid in pids.items():
+                    cpu[name] = (cpu_s(pid) - before[name]) / rounds
+            return times
         finally:
             for server in servers:
                 server.kill()

@@ -118,12 +118,13 @@ def pss_mb(pid: int) -> float:
     raise RuntimeError(f"no Pss for pid {pid}")
 
 
-def _descendants(pid: int) -> list[int]:
+def descendants(pid: int) -> list[int]:
+    """Every live process under ``pid`` (children, theirs, and so on)."""
     found = []
     for task in Path(f"/proc/{pid}/task").iterdir():
         with contextlib.suppress(OSError):
             for child in (task / "children").read_text().split():
-                found += [int(child), *_descendants(int(child))]
+                found += [int(child), *descendants(int(child))]
     return found
 
 
@@ -137,7 +138,7 @@ def extra_worker_mb(make: Callable[[int], Any], workers: int) -> float:
         with make(size) as (executor, _):
             executor.submit(noop).result()
             total = 0.0
-            for pid in _descendants(os.getpid()):
+            for pid in descendants(os.getpid()):
                 with contextlib.suppress(OSError, RuntimeError):
                     total += pss_mb(pid)
             totals.append(total)
