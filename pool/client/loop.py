@@ -255,16 +255,15 @@ class LoopThread:
         with self._lock:
             if self._max_pending is not None:
                 self._reserved -= 1
-            if self._crashed is not None:
-                self._room.notify()
-                handler.fail(self._crashed)
-                return
-            self.outstanding.add(future)
-            future._handler = handler
-            self._inbox.append((submission, code, handler))
-            if not self._flush_scheduled:
-                self._flush_scheduled = True
-                self._loop.call_soon_threadsafe(self._flush)
+            if (crashed := self._crashed) is None:
+                self.outstanding.add(future)
+                future._handler = handler
+                self._inbox.append((submission, code, handler))
+                if not self._flush_scheduled:
+                    self._flush_scheduled = True
+                    self._loop.call_soon_threadsafe(self._flush)
+        if crashed is not None:  # (outside the lock: failing it takes the lock)
+            handler.fail(crashed)
 
     def forget(self, future: concurrent.futures.Future[Any]) -> None:
         """Any thread: the future is done (settled or cancelled)."""

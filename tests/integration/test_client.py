@@ -17,10 +17,12 @@ from pool import (
     Client,
     NoWorkerAvailable,
     Pool,
+    PoolError,
     PoolNotRunning,
     TaskTimeout,
 )
 from tests import sample_tasks
+from tests.helpers import wait_until
 from tests.pools import processes_mentioning
 from tests.streams import eventually
 
@@ -165,3 +167,26 @@ def test_max_pending_holds_submit_until_a_future_is_done(
         assert [f.result(30) for f in held] == [0, 1]
     with pytest.raises(ValueError, match="max_pending must be at least 1, got 0"):
         Client(pool.namespace, max_pending=0)
+
+
+def test_a_client_whose_connection_failed_fails_every_future(pool: Pool) -> None:
+    """A bug that ends a client's connection (here: its task cancelled, as
+    nothing of ours does) fails its pending futures and every later one
+    with PoolError, at once: no submit waits on the client's own lock.
+
+    Regression: a submit after the failure deadlocked on the lock that
+    failing its future takes."""
+    client = Client(pool.namespace)
+    assert client.submit(sample_tasks.square, 3).result(30) == 9
+    runner = client._runner
+    loop = runner._loop
+
+    def crash() -> None:
+        for task in asyncio.all_tasks(loop):
+            task.cancel()
+
+    loop.call_soon_threadsafe(crash)
+    wait_until(lambda: runner._crashed is not None)
+    later = client.submit(sample_tasks.square, 4)
+    with pytest.raises(PoolError, match="connection failed"):
+        later.result(30)
