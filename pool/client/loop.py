@@ -14,10 +14,11 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
+import itertools
 import logging
 import threading
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any, Final
 
 import uvloop
@@ -33,6 +34,7 @@ from pool.errors import PoolError, PoolNotRunning
 from workers.protocol.worker_pb2 import Result
 
 CONNECT_TIMEOUT_S: Final = 30.0
+FLUSH_MAX: Final = 4096  # submissions handed to the connection a turn
 
 
 log = logging.getLogger("pool.client")
@@ -154,7 +156,8 @@ class LoopThread:
         self._max_pending = max_pending
         self._reserved = 0  # room taken by submissions on their way in
         self._inbox: list[tuple[Submission, bytes, FutureHandler]] = []
-        self._flush_scheduled = False
+        self._flush_scheduled = False  # (until the inbox is empty again)
+        self._backlog: Iterator[tuple[Submission, bytes, FutureHandler]] | None = None
         self.outstanding: set[concurrent.futures.Future[Any]] = set()
         self._crashed: PoolError | None = None
         self._loop = uvloop.new_event_loop()
@@ -280,12 +283,25 @@ class LoopThread:
             self._loop.call_soon_threadsafe(self._cancel, handler)
 
     def _flush(self) -> None:
-        with self._lock:
-            inbox, self._inbox = self._inbox, []
-            self._flush_scheduled = False
+        """Hand the connection what callers submitted, at most
+        :data:`FLUSH_MAX` a turn of the loop (a burst of a million submits
+        would otherwise hold it for seconds: no result read, nothing
+        written); the next turn goes on, until the inbox is empty."""
         assert self._connection is not None
-        for submission, code, handler in inbox:
-            self._connection.submit(submission, handler, code)
+        budget = FLUSH_MAX
+        while budget:
+            if self._backlog is None:
+                with self._lock:
+                    if not self._inbox:
+                        self._flush_scheduled = False
+                        return
+                    self._backlog, self._inbox = iter(self._inbox), []
+            for submission, code, handler in itertools.islice(self._backlog, budget):
+                self._connection.submit(submission, handler, code)
+                budget -= 1
+            if budget:
+                self._backlog = None  # (all of it handed over)
+        self._loop.call_soon(self._flush)
 
     def _cancel(self, handler: FutureHandler) -> None:
         assert self._connection is not None
