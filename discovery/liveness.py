@@ -38,7 +38,11 @@ _EXCLUSIVE_NOW = portalocker.LockFlags.EXCLUSIVE | portalocker.LockFlags.NON_BLO
 
 def liveness_path(namespace: str, uid: UUID) -> Path:
     """The liveness file of a worker."""
-    return paths.namespace_dir(namespace, create=False) / f"live-{uid.hex}"
+    return paths.namespace_dir(namespace, create=False) / _file_name(uid)
+
+
+def _file_name(uid: UUID) -> str:
+    return f"live-{uid.hex}"
 
 
 @cache
@@ -90,10 +94,13 @@ class Liveness:
 
 def is_alive(namespace: str, uid: UUID) -> bool:
     """True while some process holds the worker's liveness lock."""
+    return lock_held(liveness_path(namespace, uid))
+
+
+def lock_held(path: str | Path) -> bool:
+    """True while some process holds the liveness lock of the file ``path``."""
     try:
-        fd = os.open(
-            liveness_path(namespace, uid), os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC
-        )
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
     except FileNotFoundError:
         return False
     try:
@@ -213,6 +220,8 @@ class Reaper:
 
     def __init__(self, namespace: str, registry: Registry) -> None:
         self._namespace, self._registry = namespace, registry
+        # (Found and checked once: each poll tests every worker's lock.)
+        self._directory = paths.namespace_dir(namespace, create=False)
         self._lock: RegistryLock | None = None
         self._notifier: Notifier | None = None
 
@@ -228,7 +237,7 @@ class Reaper:
         read = registry.read_slot(index)
         if read is not None and read.uid != uid:
             return False  # reaped (or reused) already
-        if is_alive(self._namespace, uid):
+        if lock_held(self._directory / _file_name(uid)):
             return False
         with self._hold() as held:
             if not held:
