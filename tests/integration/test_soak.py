@@ -68,7 +68,9 @@ def _kill(pool: RunningPool, victim: str, rng: random.Random) -> None:
         "nothing": [],
     }[victim]
     for pid in pids:
-        os.kill(pid, signal.SIGKILL)
+        # (A worker may be gone already: it exits once its supervisor dies.)
+        with suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
 
 
 def _until_added(subscriber: Agent, uids: set[str]) -> None:
