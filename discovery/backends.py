@@ -1,7 +1,9 @@
 """Which registry a process publishes to and follows: the namespace's
-shared memory by default, or Redis when given a ``redis://`` URL (the
+shared memory by default, or Redis when given a ``redis://`` URL, or the
+primary a set of Sentinels names with ``redis+sentinel://`` (the
 ``--discovery`` option of ``pool up``, ``python -m workers`` and the
-dispatcher). Both sides give the same events (see :mod:`discovery.redis`).
+dispatcher; the forms: :mod:`discovery.urls`). Both sides give the same
+events (see :mod:`discovery.redis`).
 """
 
 from __future__ import annotations
@@ -13,8 +15,7 @@ from uuid import UUID
 
 from discovery.info import DiscoveryEvent, EventType, WorkerInfo
 from discovery.liveness import is_alive as _holds_liveness_lock
-
-SCHEMES = ("redis://", "rediss://", "unix://")
+from discovery.urls import SCHEMES, SENTINEL_FORM, is_sentinel, parse_sentinel
 
 
 class AnyPublisher(Protocol):
@@ -26,11 +27,14 @@ class AnyPublisher(Protocol):
 def check_url(url: str | None) -> str | None:
     """``url`` if it names a registry we know (None: shared memory).
 
-    :raises ValueError: for anything else, saying what is accepted, and
-        for a Redis URL when redis-py (the ``redis`` extra) is missing.
+    :raises ValueError: for anything else, saying what is accepted, for a
+        Sentinel URL that is not well formed, and for a Redis URL when
+        redis-py (the ``redis`` extra) is missing.
     """
     if url is None:
         return None
+    if is_sentinel(url):
+        parse_sentinel(url)
     if url.startswith(SCHEMES):
         if importlib.util.find_spec("redis") is None:
             raise ValueError(
@@ -40,7 +44,8 @@ def check_url(url: str | None) -> str | None:
         return url
     raise ValueError(
         f"--discovery {url!r} is not a registry this pool knows; give "
-        f"redis://HOST:PORT (or leave it out for shared memory)"
+        f"redis://HOST:PORT or {SENTINEL_FORM} (or leave it out for shared "
+        f"memory)"
     )
 
 
@@ -50,12 +55,19 @@ def check_reachable(url: str | None, timeout_s: float = 3.0) -> None:
     if url is None:
         return
     import redis
+    from redis.sentinel import MasterNotFoundError
 
-    client = redis.Redis.from_url(
+    from discovery.redis.connecting import connect_sync
+
+    client = connect_sync(
         url, socket_connect_timeout=timeout_s, socket_timeout=timeout_s
     )
     try:
         client.ping()
+    except MasterNotFoundError:  # (its text is a dump of a client)
+        service = parse_sentinel(url).service
+        reason = f"no Sentinel there answers with a primary for {service!r}"
+        raise RegistryUnreachable(url, reason) from None
     except (redis.RedisError, OSError) as exc:
         raise RegistryUnreachable(url, str(exc).rstrip(".")) from None
     finally:

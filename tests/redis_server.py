@@ -14,10 +14,11 @@ import subprocess
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import redis
 
-from tests.helpers import DEADLINE_S
+from tests.helpers import DEADLINE_S, wait_until
 
 
 def server_binary() -> str:
@@ -49,12 +50,15 @@ class RedisServer:
         self._dir = tempfile.mkdtemp(prefix="shmp-redis-")
         self.proc: subprocess.Popen[bytes] | None = None
 
-    def start(self) -> None:
+    def start(self, *options: str) -> None:
+        """Start it (``options``: more of redis-server's, such as
+        ``--replicaof``) and wait until it answers."""
         self.proc = subprocess.Popen(
             [
                 server_binary(),
                 *("--port", str(self.port), "--bind", "127.0.0.1"),
                 *("--dir", self._dir, "--save", "", "--appendonly", "no"),
+                *options,
             ],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
@@ -92,3 +96,88 @@ class RedisServer:
     def close(self) -> None:
         self.stop()
         shutil.rmtree(self._dir, ignore_errors=True)
+
+
+class SentinelSet:
+    """A primary, its replica, and three Sentinels (quorum 2) watching it
+    as ``SERVICE``, all on loopback; :attr:`url` is the pool's
+    ``redis+sentinel://`` URL. :meth:`kill_primary` and :meth:`wait_failover`
+    make and await a failover."""
+
+    SERVICE = "shmp-test"
+
+    def __init__(self) -> None:
+        self.primary, self.replica = RedisServer(), RedisServer()
+        self._dir = tempfile.mkdtemp(prefix="shmp-sentinel-")
+        self.ports = [free_port() for _ in range(3)]
+        self.sentinels: list[subprocess.Popen[bytes]] = []
+        where = ",".join(f"127.0.0.1:{port}" for port in self.ports)
+        self.url = f"redis+sentinel://{where}/{self.SERVICE}"
+
+    def start(self) -> None:
+        self.primary.start()
+        self.replica.start("--replicaof", "127.0.0.1", str(self.primary.port))
+        for port in self.ports:
+            conf = Path(self._dir) / f"sentinel-{port}.conf"
+            conf.write_text(
+                f"port {port}\nbind 127.0.0.1\ndir {self._dir}\n"
+                f"sentinel monitor {self.SERVICE} 127.0.0.1 {self.primary.port} 2\n"
+                f"sentinel down-after-milliseconds {self.SERVICE} 500\n"
+                f"sentinel failover-timeout {self.SERVICE} 5000\n"
+            )
+            self.sentinels.append(
+                subprocess.Popen(
+                    sentinel_argv(conf),
+                    stdout=subprocess.DEVNULL,
+                    stderr=subprocess.DEVNULL,
+                )
+            )
+        wait_until(lambda: self.primary_port() == self.primary.port)
+        wait_until(self._replica_linked)
+
+    def primary_port(self) -> int | None:
+        """The primary's port, as the first Sentinel that answers names it."""
+        for port in self.ports:
+            client = redis.Redis(port=port, socket_connect_timeout=0.2)
+            try:
+                found = client.sentinel_get_master_addr_by_name(  # type: ignore[no-untyped-call]
+                    self.SERVICE
+                )
+                return int(found[1]) if found else None
+            except redis.ConnectionError:
+                continue
+            finally:
+                client.close()
+        return None
+
+    def _replica_linked(self) -> bool:
+        client = redis.Redis(port=self.primary.port, socket_connect_timeout=0.2)
+        try:
+            replication: Any = client.info("replication")
+            return int(replication["connected_slaves"]) >= 1
+        finally:
+            client.close()
+
+    def kill_primary(self) -> None:
+        assert self.primary.proc is not None
+        self.primary.proc.kill()
+        self.primary.proc.wait()
+
+    def wait_failover(self) -> None:
+        """Until the Sentinels name the replica as the primary."""
+        wait_until(lambda: self.primary_port() == self.replica.port)
+
+    def close(self) -> None:
+        for sentinel in self.sentinels:
+            sentinel.kill()
+            sentinel.wait()
+        self.primary.close()
+        self.replica.close()
+        shutil.rmtree(self._dir, ignore_errors=True)
+
+
+def sentinel_argv(conf: Path) -> list[str]:
+    """Debian's redis-sentinel on ``conf``, else any redis-server in
+    Sentinel mode (which takes its configuration file first)."""
+    found = shutil.which("redis-sentinel")
+    return [found, str(conf)] if found else [server_binary(), str(conf), "--sentinel"]

@@ -25,8 +25,9 @@ NAMESPACE: Final = Spec(
 )
 DISCOVERY: Final = Spec(
     None,
-    "register in Redis at redis://HOST:PORT instead of this machine's shared "
-    "memory, so that workers on other hosts can join",
+    "register in Redis at redis://HOST:PORT (or the primary that Sentinels "
+    "name: redis+sentinel://HOST:PORT[,HOST:PORT...]/SERVICE) instead of this "
+    "machine's shared memory, so that workers on other hosts can join",
     flag="--discovery",
     metavar="URL",
     check=backends.check_url,
@@ -176,8 +177,9 @@ class WorkerSettings:
     paths: tuple[str, ...] = PATHS.field()
     reload: bool = RELOAD.field()
     discovery_url: str | None = DISCOVERY.field(
-        help="publish into the registry at redis://HOST:PORT instead of the "
-        "namespace's shared memory"
+        help="publish into the registry at redis://HOST:PORT (or "
+        "redis+sentinel://HOST:PORT[,...]/SERVICE) instead of the namespace's "
+        "shared memory"
     )
     host: str | None = HOST.field()
     port: int = PORT.field()

@@ -27,6 +27,11 @@ the stream's last id read in one transaction) and takes one again every
 Redis itself was restarted (its run id changed) and lost its data, the
 workers it knew are given one lease period to be put back by their
 publishers before they are reported dropped: a restart is not a death.
+After a restart or a failover, a subscriber reaps nothing for that period
+either: a promoted replica holds leases that ran out while no primary
+answered, and their publishers renew them once they reconnect. Every
+connection is made by :mod:`discovery.redis.connecting`, which also takes
+the Sentinels' ``redis+sentinel://`` URLs.
 
 Callers: the pool, when given ``--discovery redis://...``; tests and
 benchmarks. Nothing here imports gRPC.

@@ -10,7 +10,6 @@ from collections.abc import Callable
 from typing import Final, cast
 from uuid import UUID
 
-import redis.asyncio as aioredis
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
@@ -85,10 +84,6 @@ def keys_of(namespace: str) -> list[str]:
     return [key(namespace, name) for name in ("workers", "leases", "events")]
 
 
-def connect(url: str) -> aioredis.Redis:
-    return aioredis.Redis.from_url(url, socket_connect_timeout=1.0)
-
-
 def decode_entry(key: bytes, data: bytes) -> WorkerInfo | None:
     try:
         return WorkerInfo.decode(data, expect_uid=UUID(hex=key.decode()))
@@ -100,9 +95,9 @@ def decode_entry(key: bytes, data: bytes) -> WorkerInfo | None:
 def registered(url: str, namespace: str) -> list[WorkerInfo]:
     """The workers of a namespace in Redis whose lease has not run out, read
     once (for ``pool workers``; a subscriber follows them)."""
-    import redis
+    from discovery.redis.connecting import connect_sync
 
-    client = redis.Redis.from_url(url, socket_connect_timeout=1.0)
+    client = connect_sync(url)
     workers, leases, _ = keys_of(namespace)
     try:
         seconds, micros = cast(tuple[int, int], client.time())

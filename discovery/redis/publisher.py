@@ -19,13 +19,13 @@ from discovery.errors import (
     WorkerNotRegistered,
 )
 from discovery.info import EVENT_TYPES, EventType, WorkerInfo
+from discovery.redis.connecting import connect
 from discovery.redis.keys import (
     HEARTBEAT_S,
     PUBLISH_SCRIPT,
     STREAM_MAXLEN,
     TTL_S,
     UNAVAILABLE,
-    connect,
     keys_of,
     log,
 )

@@ -13,6 +13,7 @@ from uuid import UUID
 
 from discovery import paths
 from discovery.info import EVENT_TYPES, DiscoveryEvent, WorkerInfo, events_of
+from discovery.redis.connecting import connect
 from discovery.redis.keys import (
     HEARTBEAT_S,
     POLL_INTERVAL_S,
@@ -23,7 +24,6 @@ from discovery.redis.keys import (
     TTL_S,
     UNAVAILABLE,
     Filter,
-    connect,
     decode_entry,
     keys_of,
     log,
@@ -75,6 +75,7 @@ class _Follower:
         self._run_id: str | None = None
         self._synced_at = float("-inf")
         self._reaped_at = float("-inf")
+        self._reap_from = float("-inf")  # (after a new Redis: see _resync)
         self._missing_since: dict[UUID, float] = {}  # lost in a Redis restart
         self._delay = RECONNECT_S[0]
 
@@ -98,7 +99,7 @@ class _Follower:
         now = time.monotonic()
         if now - self._synced_at >= RESYNC_EVERY_S:
             return await self._resync(now)
-        if now - self._reaped_at >= self._sub.poll_interval:
+        if now >= self._reap_from and now - self._reaped_at >= self._sub.poll_interval:
             self._reaped_at = now
             await self._reap(keys=self._keys, args=[STREAM_MAXLEN])
         events = self._expire_missing(now)
@@ -121,6 +122,11 @@ class _Follower:
             last, entries = await pipe.execute()
         restarted = self._run_id is not None and run_id != self._run_id
         self._run_id, self._synced_at, self._reaped_at = run_id, now, float("-inf")
+        if restarted:
+            # A restart, or a replica promoted by a failover that outlasted
+            # the leases: their publishers renew them once they reconnect,
+            # so a lease that ran out meanwhile is no death until then.
+            self._reap_from = now + self._sub.grace_s
         self._last_id = last[0][0].decode() if last else "0-0"
         seen: dict[UUID, WorkerInfo] = {}
         for key, data in entries.items():

@@ -145,10 +145,10 @@ async def announce(
     """Keep the dispatcher's ``where()`` in Redis until cancelled, then
     remove it; ``first`` is set after the first try. While Redis is
     unreachable, it tries again at each renewal."""
-    import redis.asyncio as aioredis
+    from discovery.redis.connecting import connect
 
     unavailable = _unavailable()
-    client = aioredis.Redis.from_url(url, socket_connect_timeout=1.0)
+    client = connect(url)
     name = _dispatcher_key(namespace)
     try:
         while True:
@@ -184,9 +184,9 @@ class Locator:
         if self.discovery_url is None:
             run = offload.run if offload is not None else asyncio.to_thread
             return await run(_here, self.namespace)
-        import redis.asyncio as aioredis
+        from discovery.redis.connecting import connect
 
-        client = aioredis.Redis.from_url(self.discovery_url, socket_connect_timeout=1.0)
+        client = connect(self.discovery_url)
         try:
             found = await client.get(_dispatcher_key(self.namespace))
         except _unavailable() as exc:

@@ -54,8 +54,9 @@ class DispatcherSettings:
 
     namespace: str = NAMESPACE.field()
     discovery_url: str | None = DISCOVERY.field(
-        help="find workers in the registry at redis://HOST:PORT instead of the "
-        "namespace's shared memory"
+        help="find workers in the registry at redis://HOST:PORT (or "
+        "redis+sentinel://HOST:PORT[,...]/SERVICE) instead of the namespace's "
+        "shared memory"
     )
     host: str | None = HOST.field()
     port: int = PORT.field()
