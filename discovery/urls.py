@@ -6,7 +6,7 @@ forms are accepted, and what a Sentinel URL names.
 - ``redis+sentinel://[:PASSWORD@]HOST:PORT[,HOST:PORT...]/SERVICE[/DB]``:
   the primary that the Sentinels at those addresses name ``SERVICE``,
   looked up again whenever a connection is made, so that a failover is a
-  reconnect (:func:`discovery.redis.keys.connect`). The password, if any,
+  reconnect (:func:`discovery.redis.connecting.connect`). The password, if any,
   is the primary's; the Sentinels are asked without one.
 
 Imports no redis-py: the command lines check a URL with it

@@ -43,16 +43,9 @@ def connect(url: str, **options: Any) -> aioredis.Redis:
     options.setdefault("socket_connect_timeout", CONNECT_TIMEOUT_S)
     if not is_sentinel(url):
         return aioredis.Redis.from_url(url, **options)
-    target = parse_sentinel(url)
-    sentinel = aiosentinel.Sentinel(  # type: ignore[no-untyped-call]
-        target.sentinels,
-        sentinel_kwargs=_sentinel_options(options, AsyncRetry(NoBackoff(), 0)),
-        **options,
+    client: _AsyncSentinelRedis = _primary_of(
+        url, options, aiosentinel.Sentinel, _AsyncSentinelRedis, AsyncRetry
     )
-    client: _AsyncSentinelRedis = sentinel.master_for(
-        target.service, _AsyncSentinelRedis, db=target.db, password=target.password
-    )
-    client.manager = sentinel
     return client
 
 
@@ -62,25 +55,36 @@ def connect_sync(url: str, **options: Any) -> redis.Redis:
     options.setdefault("socket_connect_timeout", CONNECT_TIMEOUT_S)
     if not is_sentinel(url):
         return redis.Redis.from_url(url, **options)
-    target = parse_sentinel(url)
-    sentinel = redis.sentinel.Sentinel(  # type: ignore[no-untyped-call]
-        target.sentinels,
-        sentinel_kwargs=_sentinel_options(options, Retry(NoBackoff(), 0)),
-        **options,
+    client: _SentinelRedis = _primary_of(
+        url, options, redis.sentinel.Sentinel, _SentinelRedis, Retry
     )
-    client: _SentinelRedis = sentinel.master_for(  # type: ignore[no-untyped-call]
-        target.service, _SentinelRedis, db=target.db, password=target.password
-    )
-    client.manager = sentinel
     return client
 
 
-def _sentinel_options(options: dict[str, Any], retry: Any) -> dict[str, Any]:
-    """For the connections to the Sentinels themselves: the timeouts, and
-    no retry (redis-py's default backs off for seconds at a Sentinel that
-    is down before it asks the next; whoever calls retries already)."""
-    found = {k: v for k, v in options.items() if k.startswith("socket_")}
-    return found | {"retry": retry}
+def _primary_of(
+    url: str,
+    options: dict[str, Any],
+    sentinel_class: Any,
+    client_class: Any,
+    retry: Any,
+) -> Any:
+    """The client (of ``client_class``) of the primary the Sentinels of
+    ``url`` name, holding its ``sentinel_class`` manager to close with it.
+    The connections to the Sentinels themselves take the timeouts and no
+    retry (redis-py's default backs off for seconds at a Sentinel that is
+    down before it asks the next; whoever calls retries already)."""
+    target = parse_sentinel(url)
+    timeouts = {k: v for k, v in options.items() if k.startswith("socket_")}
+    manager = sentinel_class(
+        target.sentinels,
+        sentinel_kwargs=timeouts | {"retry": retry(NoBackoff(), 0)},
+        **options,
+    )
+    client = manager.master_for(
+        target.service, client_class, db=target.db, password=target.password
+    )
+    client.manager = manager
+    return client
 
 
 class _AsyncSentinelRedis(aioredis.Redis):
