@@ -82,7 +82,9 @@ class RedisPublisher:
             await self._client.aclose()
 
     async def publish(self, type: EventType, worker_info: WorkerInfo) -> None:
-        """Publish one lifecycle event; see :meth:`Publisher.publish`.
+        """Publish one lifecycle event; see :meth:`Publisher.publish`. A
+        worker this publisher added and Redis lost is put back by its next
+        update, and its drop is no error.
 
         :raises UnknownEventType: for a type that is not one of the three.
         :raises WorkerAlreadyRegistered: on adding a registered uid.
@@ -93,8 +95,12 @@ class RedisPublisher:
         if self._client is None:
             raise RuntimeError("use the publisher as `async with` first")
         uid, data = worker_info.uid, worker_info.encode()
+        # An update of one of ours that Redis no longer holds (lost in a
+        # restart or a failover, or reaped while this host hung) puts it
+        # back, as the heartbeat would: that is no caller's mistake.
+        kind = "renew" if type == "worker-updated" and uid in self._mine else type
         try:
-            code = await self._run(self._publish, type, uid, data)
+            code = await self._run(self._publish, kind, uid, data)
         except UNAVAILABLE as exc:
             log.warning("Redis unreachable (%s): %s is kept for later", exc, type)
             if type == "worker-dropped":
@@ -104,7 +110,7 @@ class RedisPublisher:
             return
         if code == -1:
             raise WorkerAlreadyRegistered(self.namespace, uid)
-        if code == -2:
+        if code == -2 and uid not in self._mine:
             raise WorkerNotRegistered(self.namespace, uid)
         if type == "worker-dropped":
             self._mine.pop(uid, None)

@@ -13,6 +13,7 @@ import uuid
 from collections.abc import AsyncIterator, Iterator
 
 import pytest
+import redis
 
 from discovery import DiscoveryEvent, WorkerInfo
 from discovery.errors import WorkerAlreadyRegistered, WorkerNotRegistered
@@ -204,3 +205,33 @@ async def test_a_redis_restart_is_not_a_death(redis_server: RedisServer) -> None
                 late = _info()
                 await publisher.publish("worker-added", late)
                 assert (await events.next()) == DiscoveryEvent("worker-added", late)
+
+
+async def test_an_update_after_redis_lost_the_entry_puts_it_back(
+    redis_server: RedisServer,
+) -> None:
+    """A worker whose entry Redis lost (a restart without data, a failover
+    to a replica that never had it) and that publishes an update before its
+    heartbeat has put it back is put back by that update; its drop is no
+    error either. (Regression: the update raised WorkerNotRegistered, and
+    the worker died of it.)"""
+    discovery = RedisDiscovery(redis_server.url, ttl_s=60.0, heartbeat_s=30.0)
+    store = redis.Redis(port=redis_server.port)
+    worker = _info()
+    try:
+        async with following(discovery) as events:
+            async with discovery.publisher as publisher:
+                await publisher.publish("worker-added", worker)
+                assert (await events.next()).type == "worker-added"
+                store.flushall()  # (the heartbeat is 30 s away)
+                busy = WorkerInfo(**{**worker.__dict__, "status": "draining"})
+                await publisher.publish("worker-updated", busy)
+                assert (await events.next()) == DiscoveryEvent("worker-updated", busy)
+                entries = f"shmp:{{{discovery.namespace}}}:workers"
+                assert store.hexists(entries, worker.uid.hex)
+                store.flushall()
+                await publisher.publish("worker-dropped", busy)
+                with pytest.raises(WorkerNotRegistered):
+                    await publisher.publish("worker-updated", busy)
+    finally:
+        store.close()
