@@ -33,14 +33,25 @@ def pool_command(
     )
 
 
-def _env() -> dict[str, str]:
-    return {**os.environ, "PYTHONPATH": str(ROOT)}
+def _env(runtime_dir: Path | None = None) -> dict[str, str]:
+    """The environment of a ``python -m pool``, with ``runtime_dir`` as its
+    machine's runtime directory if given (a "host" of its own)."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    if runtime_dir is not None:
+        env["XDG_RUNTIME_DIR"] = str(runtime_dir)
+    return env
 
 
 class RunningPool:
     """A ``python -m pool up`` process and the lines it prints."""
 
-    def __init__(self, namespace: str, *args: str, cwd: Path = ROOT) -> None:
+    def __init__(
+        self,
+        namespace: str,
+        *args: str,
+        cwd: Path = ROOT,
+        runtime_dir: Path | None = None,
+    ) -> None:
         self.namespace = namespace
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "pool", "up", "--namespace", namespace, *args],
@@ -49,7 +60,7 @@ class RunningPool:
             stdin=subprocess.DEVNULL,
             text=True,
             cwd=cwd,
-            env=_env(),
+            env=_env(runtime_dir),
         )
         assert self.proc.stdout is not None
         self.lines = LineReader(self.proc.stdout)
@@ -83,9 +94,11 @@ class RunningPool:
 
 
 @contextmanager
-def running_pool(namespace: str, *args: str, cwd: Path = ROOT) -> Iterator[RunningPool]:
+def running_pool(
+    namespace: str, *args: str, cwd: Path = ROOT, runtime_dir: Path | None = None
+) -> Iterator[RunningPool]:
     """A pool that is ready on entry and stopped (or killed) on exit."""
-    pool = RunningPool(namespace, *args, cwd=cwd)
+    pool = RunningPool(namespace, *args, cwd=cwd, runtime_dir=runtime_dir)
     try:
         pool.ready_line = pool.wait_for("ready ")
         yield pool

@@ -29,7 +29,7 @@ from discovery import (
     sweep_dead,
 )
 from pool.cli.common import Commands, add_namespace, add_remote, command, remote_url
-from pool.client.rendezvous import Locator
+from pool.client.rendezvous import Locator, Target
 from pool.dispatcher_pb2 import ListWorkersRequest
 from pool.dispatcher_pb2_grpc import DispatcherStub
 from pool.errors import PoolNotRunning
@@ -42,13 +42,14 @@ from pool.supervisor.view import (
 )
 from workers.protocol import auth, owners
 
-WORKERS = """list the registered workers (read from shared memory), with
-what the dispatcher has sent each and has queued
+WORKERS = """list the registered workers (from shared memory, or Redis), with
+what the dispatchers have sent each and have queued
 
-List the workers registered in NAMESPACE's shared memory, one line each (a
-table on a terminal): pid, address, status, tasks running and done, and how
-many the dispatcher has sent each; then how many tasks wait in the
-dispatcher.
+List the workers registered in NAMESPACE's shared memory (or, with
+--discovery, in Redis), one line each (a table on a terminal): pid,
+address, status, tasks running and done, and how many the dispatchers have
+sent each; then each dispatcher (a pool on Redis may have several) and how
+many tasks wait in it.
 """
 WATCH = """print worker events as they happen (Ctrl-C to stop)
 
@@ -95,40 +96,56 @@ def run_workers(args: argparse.Namespace) -> int:
         backends.check_reachable(locator.discovery_url)
         infos = registered(locator.discovery_url, args.namespace)
     infos = sorted(infos, key=lambda info: (info.pid, info.address))
-    routing = dispatcher_view(locator)
+    asked = ((t, ask_dispatcher(locator, t)) for t in _targets(locator))
+    views = [(target, view) for target, view in asked if view is not None]
     columns = ["pid", "uid", "address", "status", "running", "done", "rss"]
-    if routing is not None:
+    if views:
         columns.append("in_flight")
     rows = []
     for info in infos:
         fields = describe(info)
-        if routing is not None:
-            fields["in_flight"] = routing[0].get(str(info.uid), 0)
+        if views:
+            sent = (in_flight.get(str(info.uid), 0) for _, (in_flight, _) in views)
+            fields["in_flight"] = sum(sent)
         rows.append(fields)
-    queued = f", {routing[1]} queued" if routing is not None else ""
     if sys.stdout.isatty():
+        queued = "".join(f", {q} queued at {t.address}" for t, (_, q) in views)
         title = f"{_count(len(infos), 'worker')} in {args.namespace!r}{queued}"
         _print_workers(title, columns, rows)
         return 0
     for fields in rows:
         print(line("worker", {c: fields[c] for c in columns}))
-    if routing is not None:
-        print(line("dispatcher", {"queued": routing[1]}))
+    for target, (_, queued_there) in views:
+        print(line("dispatcher", {"address": target.address, "queued": queued_there}))
     return 0
 
 
 def dispatcher_view(locator: Locator) -> tuple[dict[str, int], int] | None:
     """What the dispatcher has sent each worker (by uid) and has queued, or
-    None when no dispatcher answers."""
+    None when no dispatcher answers (of several, one of them)."""
     try:
-        target = locator.locate_now()
-        channel = (
-            grpc.secure_channel(target.address, locator.credentials())
-            if target.tls
-            else grpc.insecure_channel(target.address)
-        )
+        return ask_dispatcher(locator, locator.locate_now())
     except PoolNotRunning:
         return None
+
+
+def _targets(locator: Locator) -> list[Target]:
+    """Every dispatcher of the pool (several, on Redis, may serve it)."""
+    try:
+        return locator.all_now()
+    except PoolNotRunning:
+        return []
+
+
+def ask_dispatcher(
+    locator: Locator, target: Target
+) -> tuple[dict[str, int], int] | None:
+    """:func:`dispatcher_view` of the dispatcher ``target``."""
+    channel = (
+        grpc.secure_channel(target.address, locator.credentials())
+        if target.tls
+        else grpc.insecure_channel(target.address)
+    )
     with channel:
         stub = DispatcherStub(channel)  # type: ignore[no-untyped-call]
         try:

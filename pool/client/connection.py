@@ -12,7 +12,10 @@ task's large arguments to each one the task is sent to
 When the stream breaks (the supervisor restarts a dispatcher that died),
 it reconnects, with back-off, for up to ``reconnect_s``, and sends again
 every task still unanswered: the new dispatcher never saw them (so a task
-may run twice; at least once is the promise). When the dispatcher ends the
+may run twice; at least once is the promise). A pool on Redis may have
+several dispatchers (:mod:`pool.client.announcements`): the client then
+reconnects to another at once, and also hangs up on one whose announcement
+runs out (its host hung, or stops). When the dispatcher ends the
 stream (the pool stopped), or no pool owns the namespace any more, or the
 pool refuses us (token, protocol), what is pending fails at once.
 """
@@ -31,6 +34,7 @@ from grpc import aio
 
 from discovery import WorkerInfo
 from pool import dispatcher_pb2_grpc
+from pool.client import announcements
 from pool.client.ledger import Handler, Ledger
 from pool.client.rendezvous import WRONG_TOKEN, Locator, Target
 from pool.client.store import SWEEP_S, Store
@@ -76,6 +80,9 @@ class Connection:
         self._closing = False
         self._abandon = False
         self._call: aio.StreamStreamCall[SubmissionBatch, ResultBatch] | None = None
+        # Announced dispatchers whose stream broke, and when: not taken
+        # again while another is announced, until their lease has run out.
+        self._broken: dict[str, float] = {}
         self.refused: PoolError | None = None  # once refused, always
         self._offload = Offload("pool-client")  # finding the pool, off the loop
 
@@ -178,11 +185,13 @@ class Connection:
             delay = min(delay * 2, 1.0)
 
     async def _serve(self) -> _Ended:
-        """One stream, until it ends."""
+        """One stream, until it ends (or its dispatcher's announcement does:
+        a host that hung, or that stops)."""
         try:
             channel, target = await self._channel()
         except PoolNotRunning as exc:
             return _Ended(exc, served=False)  # no restart is coming
+        withdrawn = asyncio.Event()
         self.ledger.new_stream()
         stub = dispatcher_pb2_grpc.DispatcherStub(channel)  # type: ignore[no-untyped-call]
         self._call = call = stub.SubmitStream(metadata=auth.call_metadata(target.token))
@@ -197,14 +206,20 @@ class Connection:
         try:
             async with asyncio.TaskGroup() as group:
                 sending = group.create_task(self._send(call))
+                watching = group.create_task(self._watch(target, call, withdrawn))
                 try:
                     served, failed = await self._receive(call, fetch, upload)
                 finally:
                     sending.cancel()
+                    watching.cancel()
         finally:
             self._call = None
             call.cancel()
             await channel.close()
+        if withdrawn.is_set() or (failed is not None and target.id):
+            self._broken[target.id] = time.monotonic()
+        if withdrawn.is_set():
+            return _Ended(None, served)  # another dispatcher takes them
         if failed is not None:
             return _Ended(self._refusal(failed), served)
         stopped = PoolNotRunning(self.namespace, "the pool stopped")
@@ -215,11 +230,27 @@ class Connection:
 
         :raises PoolNotRunning: if no pool serves the namespace.
         """
-        target = await self._locator.locate(self._offload)
+        since = time.monotonic() - announcements.LEASE_S
+        self._broken = {k: t for k, t in self._broken.items() if t > since}
+        target = await self._locator.locate(self._offload, frozenset(self._broken))
         if target.tls:
             credentials = await self._offload.run(self._locator.credentials)
             return aio.secure_channel(target.address, credentials, GRPC_OPTIONS), target
         return aio.insecure_channel(target.address, options=GRPC_OPTIONS), target
+
+    async def _watch(
+        self,
+        target: Target,
+        call: aio.StreamStreamCall[SubmissionBatch, ResultBatch],
+        withdrawn: asyncio.Event,
+    ) -> None:
+        """Hang up once the announced dispatcher ``target`` is announced no
+        more (for this machine's pool, the stream breaks when it dies)."""
+        if target.id and self._locator.discovery_url is not None:
+            url, namespace = self._locator.discovery_url, self.namespace
+            await announcements.until_withdrawn(url, namespace, target.id)
+            withdrawn.set()
+            call.cancel()
 
     async def slots(self) -> int:
         """How many tasks the pool's ready workers run at once now (the sum

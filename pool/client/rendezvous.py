@@ -6,12 +6,11 @@ token, and a client reads both (:func:`locate`).
 
 For clients of other machines, a pool on Redis discovery (``pool up
 --discovery redis://...``) also announces the address in Redis, under a
-lease that the supervisor renews (:func:`announce`: ``shmp:{ns}:dispatcher``,
-:data:`LEASE_S`, renewed every :data:`RENEW_S`, deleted at stop, so a dead
-pool's address runs out). A client given the same URL reads it there
-(:class:`Locator`), and takes its token from a file or ``$SHMPOOL_TOKEN``,
-never from Redis: whoever can read Redis must not be able to run code in
-the pool.
+lease (:mod:`pool.client.announcements`); several hosts may each run a
+dispatcher of the same pool. A client given the same URL finds them there
+(:class:`Locator`), takes one of them, another when that one goes, and its
+token from a file or ``$SHMPOOL_TOKEN``, never from Redis: whoever can read
+Redis must not be able to run code in the pool.
 
 Callers: the supervisor, the clients and the command line.
 """
@@ -19,10 +18,9 @@ Callers: the supervisor, the clients and the command line.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import os
-from collections.abc import Callable
+import random
 from dataclasses import dataclass
 from typing import Final
 
@@ -35,8 +33,6 @@ from workers.protocol import auth
 
 ADDRESS_FILE: Final = "address"
 DATA_FILE: Final = "data-plane"
-LEASE_S: Final = 3.0
-RENEW_S: Final = 1.0
 _GIVE: Final = (
     "give the one the pool was started with "
     f"(`--token-file PATH`, `token_file=`, or ${auth.TOKEN_ENV})"
@@ -88,38 +84,28 @@ class DataPlane:
             return None
 
 
-# redis is imported when it is used: the shared-memory path never pays for it.
-
-
-def _dispatcher_key(namespace: str) -> str:
-    from discovery.redis.keys import key
-
-    return key(namespace, "dispatcher")
-
-
-def _unavailable() -> tuple[type[BaseException], ...]:
-    import redis
-
-    return (redis.ConnectionError, redis.TimeoutError, OSError)
-
-
 @dataclass(frozen=True)
 class Announced:
-    """Where clients of other machines reach the dispatcher."""
+    """Where clients of other machines reach one dispatcher; ``id`` (given
+    by :func:`pool.client.announcements.announce`) tells it from the pool's
+    others."""
 
     address: str
     tls: bool = False
+    id: str = ""
 
     def encode(self) -> str:
-        return json.dumps({"address": self.address, "tls": self.tls})
+        return json.dumps({"address": self.address, "tls": self.tls, "id": self.id})
 
     @classmethod
     def decode(cls, data: bytes) -> Announced:
         """:raises ValueError: for anything :meth:`encode` did not make."""
         fields = json.loads(data)
-        if not isinstance(fields, dict) or not isinstance(fields.get("address"), str):
+        if not isinstance(fields, dict) or not all(
+            isinstance(fields.get(name), str) for name in ("address", "id")
+        ):
             raise ValueError(f"not a dispatcher's announcement: {data!r}")
-        return cls(fields["address"], fields.get("tls") is True)
+        return cls(fields["address"], fields.get("tls") is True, fields["id"])
 
 
 @dataclass(frozen=True)
@@ -130,36 +116,11 @@ class Target:
     token: str
     tls: bool = False
     data: DataPlane | None = None  # (only this machine's pool's)
+    id: str = ""  # (only an announced one's: see pool.client.announcements)
 
 
 def _here(namespace: str) -> Target:
     return Target(*locate(namespace), data=DataPlane.read(namespace))
-
-
-async def announce(
-    url: str,
-    namespace: str,
-    where: Callable[[], Announced],
-    first: asyncio.Event,
-) -> None:
-    """Keep the dispatcher's ``where()`` in Redis until cancelled, then
-    remove it; ``first`` is set after the first try. While Redis is
-    unreachable, it tries again at each renewal."""
-    from discovery.redis.connecting import connect
-
-    unavailable = _unavailable()
-    client = connect(url)
-    name = _dispatcher_key(namespace)
-    try:
-        while True:
-            with contextlib.suppress(*unavailable):
-                await client.set(name, where().encode(), px=int(LEASE_S * 1000))
-            first.set()
-            await asyncio.sleep(RENEW_S)  # the lease's heartbeat
-    finally:
-        with contextlib.suppress(*unavailable):
-            await asyncio.shield(client.delete(name))
-        await client.aclose()
 
 
 @dataclass(frozen=True)
@@ -174,9 +135,14 @@ class Locator:
     token_file: str | None = None
     tls_ca: str | None = None
 
-    async def locate(self, offload: Offload | None = None) -> Target:
+    async def locate(
+        self, offload: Offload | None = None, avoid: frozenset[str] = frozenset()
+    ) -> Target:
         """The dispatcher to call. This machine's pool is looked up (files
-        read, a lock probed) on a thread: ``offload``'s, else asyncio's.
+        read, a lock probed) on a thread: ``offload``'s, else asyncio's. Of
+        the dispatchers announced in Redis, one at random (so that clients
+        spread over them), not one whose id is in ``avoid`` while another
+        is announced.
 
         :raises PoolNotRunning: if no live pool announces it.
         :raises PoolRefused: if there is no token to call it with.
@@ -184,16 +150,30 @@ class Locator:
         if self.discovery_url is None:
             run = offload.run if offload is not None else asyncio.to_thread
             return await run(_here, self.namespace)
-        from discovery.redis.connecting import connect
+        from pool.client import announcements
 
-        client = connect(self.discovery_url)
         try:
-            found = await client.get(_dispatcher_key(self.namespace))
-        except _unavailable() as exc:
+            found = await announcements.live(self.discovery_url, self.namespace)
+        except announcements.unavailable() as exc:
             raise self._unreachable(exc) from None
-        finally:
-            await client.aclose()
-        return self._target(found)
+        return self._target([a for a in found if a.id not in avoid] or found)
+
+    def all_now(self) -> list[Target]:
+        """Every dispatcher of the pool: this machine's, or each one
+        announced in Redis.
+
+        :raises PoolNotRunning: if there is none.
+        :raises PoolRefused: if there is no token to call them with.
+        """
+        if self.discovery_url is None:
+            return [_here(self.namespace)]
+        from pool.client import announcements
+
+        try:
+            found = announcements.live_sync(self.discovery_url, self.namespace)
+        except announcements.unavailable() as exc:
+            raise self._unreachable(exc) from None
+        return [self._target([where]) for where in found]
 
     def locate_now(self) -> Target:
         """:meth:`locate` for code without an event loop."""
@@ -223,22 +203,19 @@ class Locator:
             "check that Redis runs there and that the URL is right",
         )
 
-    def _target(self, found: object) -> Target:
-        if not isinstance(found, bytes):
+    def _target(self, found: list[Announced]) -> Target:
+        if not found:
             raise PoolNotRunning(
                 self.namespace, f"no dispatcher is announced in {self.discovery_url}"
             )
-        try:
-            where = Announced.decode(found)
-        except ValueError as exc:
-            raise PoolNotRunning(self.namespace, str(exc)) from None
+        where = random.choice(found)
         if where.address.startswith("unix:") and not os.path.exists(where.address[5:]):
             raise PoolNotRunning(
                 self.namespace,
                 "its dispatcher listens on a unix socket of another machine; "
                 "start the pool with `pool up --host 0.0.0.0`",
             )
-        return Target(where.address, self._token(), where.tls)
+        return Target(where.address, self._token(), where.tls, id=where.id)
 
     def _token(self) -> str:
         try:

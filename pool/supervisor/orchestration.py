@@ -41,7 +41,7 @@ from collections.abc import Callable, Coroutine
 from typing import Any, Final
 
 from discovery import LocalDiscovery, NamespaceInUse, paths, sweep_dead
-from pool.client import rendezvous
+from pool.client import announcements, rendezvous
 from pool.client.rendezvous import ADDRESS_FILE
 from pool.errors import PoolAlreadyRunning
 from pool.supervisor import dataplane
@@ -209,7 +209,7 @@ class Supervisor:
                 if self.settings.discovery_url:  # for clients of other machines
                     announced = asyncio.Event()
                     announcing = self._spawn(
-                        rendezvous.announce(
+                        announcements.announce(
                             self.settings.discovery_url,
                             self.settings.namespace,
                             lambda: self.remote,

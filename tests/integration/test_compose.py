@@ -12,7 +12,7 @@ import signal
 import subprocess
 import sys
 from collections.abc import Iterator
-from contextlib import ExitStack, contextmanager, suppress
+from contextlib import AbstractContextManager, ExitStack, contextmanager, suppress
 from pathlib import Path
 from typing import Any
 
@@ -101,31 +101,45 @@ def _service(argv: list[str], environment: dict[str, str]) -> Iterator[LineReade
 def test_the_compose_topology_runs_tasks(
     namespace: str, redis_server: RedisServer, tmp_path: Path
 ) -> None:
-    """redis (a real server), the dispatcher and two workers, as the file
-    says; a client that finds the dispatcher through Redis, as the file's
-    header says, submits through it and the workers run it."""
+    """redis (a real server), the two dispatchers (each in a runtime
+    directory of its own, as in a container) and two workers, as the file
+    says; a client that finds a dispatcher through Redis, as the file's
+    header says, submits through it and the workers run it; once the first
+    dispatcher stops, clients go through the second."""
     services = _services()
-    assert set(services) == {"redis", "dispatcher", "worker"}
+    assert set(services) == {"redis", "dispatcher", "dispatcher-2", "worker"}
     token = tmp_path / "token"
     token.write_text(secrets.token_hex(32))
     token.chmod(0o600)
-    port = free_port()
+    port, second_port = free_port(), free_port()
     names = {
         "redis://redis:6379": redis_server.url,
         "/run/secrets/pool_token": str(token),
         "--namespace=default": f"--namespace={namespace}",
         "--port=7070": f"--port={port}",
         "localhost:7070": f"127.0.0.1:{port}",
+        "--port=7071": f"--port={second_port}",
+        "localhost:7071": f"127.0.0.1:{second_port}",
         "--dashboard=0.0.0.0:8787": "--dashboard=0.0.0.0:0",
+        "--dashboard=0.0.0.0:8788": "--dashboard=0.0.0.0:0",
     }
-    with ExitStack() as stack:
-        dispatcher = stack.enter_context(
-            _service(
-                _local(services["dispatcher"]["command"], names),
-                services["dispatcher"].get("environment", {}),
-            )
+
+    def dispatcher_service(name: str) -> AbstractContextManager[LineReader]:
+        runtime = tmp_path / name  # (a container's own file system)
+        runtime.mkdir(mode=0o700)
+        environment = services[name].get("environment", {})
+        return _service(
+            _local(services[name]["command"], names),
+            {**environment, "XDG_RUNTIME_DIR": str(runtime)},
         )
+
+    with ExitStack() as stack:
+        first = ExitStack()
+        dispatcher = first.enter_context(dispatcher_service("dispatcher"))
+        stack.enter_context(first)
         ready = dispatcher.wait_for("ready ", 30)
+        second = stack.enter_context(dispatcher_service("dispatcher-2"))
+        second.wait_for("ready ", 30)
         for _ in range(WORKERS):
             stack.enter_context(
                 _service(
@@ -150,6 +164,12 @@ def test_the_compose_topology_runs_tasks(
         bearer = {"Authorization": f"Bearer {token.read_text()}"}
         metrics = http_get(page + "metrics", bearer)[2]
         assert f'shmpool_workers{{status="ready"}} {WORKERS}.0' in metrics
+        first.close()  # `docker compose stop dispatcher`
+        for _ in range(3):
+            with Client(
+                namespace, discovery_url=redis_server.url, token_file=str(token)
+            ) as client:
+                assert client.submit(sample_tasks.square, 7).result(30) == 49
 
 
 @contextmanager

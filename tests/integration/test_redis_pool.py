@@ -336,8 +336,9 @@ def test_the_dispatcher_can_serve_tls_to_clients_of_other_machines(
     store = redis.Redis(port=redis_server.port)
     try:
         with running_pool(namespace, "--workers", "1", *options, *tls):
-            name = f"shmp:{{{namespace}}}:dispatcher"
-            announced = json.loads(cast(bytes, store.get(name)))  # before "ready"
+            name = f"shmp:{{{namespace}}}:dispatchers"
+            [only] = cast(list[bytes], store.hvals(name))  # before "ready"
+            announced = json.loads(only)
             assert announced["tls"] is True
             assert announced["address"].startswith("127.0.0.1:")
             plain = grpc.insecure_channel(announced["address"])

@@ -61,7 +61,9 @@ class At(Locator):
 
     address: str = ""
 
-    async def locate(self, offload: Offload | None = None) -> Target:
+    async def locate(
+        self, offload: Offload | None = None, avoid: frozenset[str] = frozenset()
+    ) -> Target:
         return Target(self.address, "token")
 
 

@@ -1,0 +1,206 @@
+"""Several dispatchers of one pool on Redis: each host runs `pool up
+--workers 0` in the same namespace (a runtime directory of its own stands
+for the host), four workers join from other "hosts", and a client of a
+third machine rides the loss of the dispatcher it uses."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import secrets
+import signal
+import socket
+import threading
+from collections.abc import Iterator
+from concurrent.futures import Future
+from contextlib import ExitStack, contextmanager
+from pathlib import Path
+
+import pytest
+
+from pool import Client
+from pool.client.announcements import live_sync
+from tests import sample_tasks
+from tests.helpers import wait_until
+from tests.integration.test_redis_pool import remote_worker
+from tests.pools import RunningPool, pool_command, running_pool
+from tests.redis_server import RedisServer
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
+
+TASKS = 200
+
+
+class Hosts:
+    """The machines of one test: a token file they share, and a runtime
+    directory for each dispatcher's host."""
+
+    def __init__(self, namespace: str, url: str, tmp_path: Path) -> None:
+        self.namespace, self.url, self._tmp = namespace, url, tmp_path
+        self.token = tmp_path / "token"
+        self.token.write_text(secrets.token_hex(32))
+        self.token.chmod(0o600)
+
+    @contextmanager
+    def dispatcher(self, name: str) -> Iterator[RunningPool]:
+        """`pool up --workers 0` on the host ``name``, its dispatcher on TCP."""
+        runtime = self._tmp / name
+        runtime.mkdir(mode=0o700)
+        with running_pool(
+            self.namespace,
+            *("--workers", "0", "--discovery", self.url, "--host", "127.0.0.1"),
+            *("--token-file", str(self.token)),
+            runtime_dir=runtime,
+        ) as pool:
+            yield pool
+
+    @contextmanager
+    def workers(self, count: int) -> Iterator[list[int]]:
+        """``count`` workers of other hosts (127.0.0.2 on); their pids."""
+        with ExitStack() as stack:
+            yield [
+                stack.enter_context(
+                    remote_worker(
+                        self.namespace,
+                        self.url,
+                        f"127.0.0.{2 + i}",
+                        *("--token-file", str(self.token)),
+                    )
+                )
+                for i in range(count)
+            ]
+
+    def client(self) -> Client:
+        return Client(
+            self.namespace, discovery_url=self.url, token_file=str(self.token)
+        )
+
+
+@contextmanager
+def counting_calls(address: str) -> Iterator[list[int]]:
+    """A listener on ``address`` ("host:port", free again once its
+    dispatcher died) that hangs up on each caller; how many came, so far."""
+    host, port = address.rsplit(":", 1)
+    bound: list[socket.socket] = []
+
+    def bind() -> bool:
+        with contextlib.suppress(OSError):  # (until the killed one has gone)
+            bound.append(socket.create_server((host, int(port))))
+        return bool(bound)
+
+    wait_until(bind)
+    [listener] = bound
+    listener.settimeout(0.1)
+    calls, done = [0], threading.Event()
+
+    def serve() -> None:
+        while not done.is_set():
+            with contextlib.suppress(TimeoutError):
+                listener.accept()[0].close()
+                calls[0] += 1
+
+    thread = threading.Thread(target=serve)
+    thread.start()
+    try:
+        yield calls
+    finally:
+        done.set()
+        thread.join()
+        listener.close()
+
+
+def _kill_host(pool: RunningPool) -> None:
+    """SIGKILL a host's pool: its supervisor and its dispatcher at once."""
+    for pid in (pool.dispatcher_pid(), pool.proc.pid):
+        os.kill(pid, signal.SIGKILL)
+    pool.proc.wait(30)
+
+
+def _gated(client: Client, tmp_path: Path) -> tuple[list[Future[int]], Path]:
+    """:data:`TASKS` tasks that wait for the file it returns; once some run."""
+    gate = tmp_path / "gate"
+    started = [tmp_path / f"started-{i}" for i in range(TASKS)]
+    futures = [
+        client.submit(
+            sample_tasks.started_then_gated,
+            *(str(started[i]), str(gate), str(tmp_path / f"done-{i}"), i),
+        )
+        for i in range(TASKS)
+    ]
+    wait_until(lambda: sum(path.exists() for path in started) >= 2)
+    return futures, gate
+
+
+def test_a_client_rides_the_death_of_its_dispatcher(
+    namespace: str, redis_server: RedisServer, tmp_path: Path
+) -> None:
+    """Two dispatchers on hosts of their own, four workers: the host whose
+    dispatcher a client uses is SIGKILLed with 200 tasks in flight (running,
+    held by workers, queued); every task finishes with its value, through
+    the other dispatcher, which the client calls at once: never the dead
+    one again, though its announcement runs on for a while. `pool workers`
+    of a third machine lists both dispatchers while both live."""
+    hosts = Hosts(namespace, redis_server.url, tmp_path)
+    with hosts.dispatcher("a") as first, hosts.workers(4), hosts.client() as client:
+        assert client.submit(sample_tasks.square, 3).result(30) == 9  # (through a)
+        [dead] = live_sync(hosts.url, namespace)
+        with hosts.dispatcher("b"):
+            both = {a.address for a in live_sync(hosts.url, namespace)}
+            assert len(both) == 2
+            listed = pool_command(
+                *("workers", "-n", namespace, "--discovery", hosts.url),
+                *("--token-file", str(hosts.token)),
+            ).stdout.splitlines()
+            assert sum(line.startswith("worker ") for line in listed) == 4
+            assert {
+                line.split("address=")[1].split()[0]
+                for line in listed
+                if line.startswith("dispatcher ")
+            } == both
+            futures, gate = _gated(client, tmp_path)
+            _kill_host(first)
+            with counting_calls(dead.address) as calls:
+                gate.touch()
+                assert [f.result(60) for f in futures] == list(range(TASKS))
+            assert calls == [0]
+            wait_until(lambda: len(live_sync(hosts.url, namespace)) == 1, 30)
+
+
+def test_a_client_hangs_up_on_a_hung_dispatcher(
+    namespace: str, redis_server: RedisServer, tmp_path: Path
+) -> None:
+    """The host of a client's dispatcher SIGSTOPped (a hang: its streams
+    stay open and answer nothing) with 200 tasks in flight: once its
+    announcement runs out, the client sends them to the other dispatcher,
+    and every task finishes with its value."""
+    hosts = Hosts(namespace, redis_server.url, tmp_path)
+    with hosts.dispatcher("a") as first, hosts.workers(4), hosts.client() as client:
+        assert client.submit(sample_tasks.square, 3).result(30) == 9  # (through a)
+        with hosts.dispatcher("b"):
+            futures, gate = _gated(client, tmp_path)
+            hung = (first.dispatcher_pid(), first.proc.pid)
+            for pid in hung:
+                os.kill(pid, signal.SIGSTOP)
+            try:
+                wait_until(lambda: len(live_sync(hosts.url, namespace)) == 1, 30)
+                gate.touch()
+                assert [f.result(60) for f in futures] == list(range(TASKS))
+            finally:
+                for pid in hung:
+                    os.kill(pid, signal.SIGCONT)
+
+
+def test_a_new_client_finds_the_live_dispatcher(
+    namespace: str, redis_server: RedisServer, tmp_path: Path
+) -> None:
+    """A client that starts while one of the two dispatchers is dead (its
+    announcement not yet run out) runs its tasks through the other."""
+    hosts = Hosts(namespace, redis_server.url, tmp_path)
+    with hosts.dispatcher("a") as first, hosts.dispatcher("b"), hosts.workers(2):
+        _kill_host(first)
+        assert len(live_sync(hosts.url, namespace)) == 2  # (a's lease runs on)
+        for _ in range(4):  # (each client takes one of the two at random)
+            with hosts.client() as client:
+                assert list(client.map(sample_tasks.square, range(20))) == [
+                    x * x for x in range(20)
+                ]
