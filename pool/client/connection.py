@@ -15,7 +15,9 @@ every task still unanswered: the new dispatcher never saw them (so a task
 may run twice; at least once is the promise). A pool on Redis may have
 several dispatchers (:mod:`pool.client.announcements`): the client then
 reconnects to another at once, and also hangs up on one whose announcement
-runs out (its host hung, or stops). When the dispatcher ends the
+runs out (its host hung, or stops); what a dispatcher that stops cleanly
+hands back unsent (``PoolStopping``) goes to another too, and with none
+left, fails then. When the dispatcher ends the
 stream (the pool stopped), or no pool owns the namespace any more, or the
 pool refuses us (token, protocol), what is pending fails at once.
 """
@@ -192,7 +194,7 @@ class Connection:
         except PoolNotRunning as exc:
             return _Ended(exc, served=False)  # no restart is coming
         withdrawn = asyncio.Event()
-        self.ledger.new_stream()
+        self.ledger.new_stream(hand_off=bool(target.id))
         stub = dispatcher_pb2_grpc.DispatcherStub(channel)  # type: ignore[no-untyped-call]
         self._call = call = stub.SubmitStream(metadata=auth.call_metadata(target.token))
         transfers = TransfersStub(channel)  # type: ignore[no-untyped-call]
@@ -222,7 +224,10 @@ class Connection:
             return _Ended(None, served)  # another dispatcher takes them
         if failed is not None:
             return _Ended(self._refusal(failed), served)
-        stopped = PoolNotRunning(self.namespace, "the pool stopped")
+        stopped: PoolError | None = PoolNotRunning(self.namespace, "the pool stopped")
+        if target.id:  # one of several, maybe: the next one found takes them
+            self._broken[target.id] = time.monotonic()
+            stopped = None
         return _Ended(None if self._closing else stopped, served)
 
     async def _channel(self) -> tuple[aio.Channel, Target]:

@@ -14,7 +14,7 @@ from typing import Final, Protocol
 
 from pool.client.store import Store
 from pool.dispatcher_pb2 import Submission, SubmissionBatch
-from pool.errors import PoolError
+from pool.errors import PoolError, PoolStopping
 from workers.protocol import codec, transfer
 from workers.protocol.errors import TransferLost
 from workers.protocol.stream import Outgoing
@@ -23,6 +23,7 @@ from workers.protocol.worker_pb2 import Data, Result, ResultBatch, Task
 # A task whose value was lost with the worker holding it runs again, up to
 # this many times, before its future fails with DataGone.
 MAX_REFETCHES: Final = 3
+_STOPPING: Final = f"{PoolStopping.__module__}.{PoolStopping.__qualname__}"
 
 
 class Handler(Protocol):
@@ -48,10 +49,14 @@ class Ledger:
         self._cancelled: set[int] = set()  # asked for, not yet answered
         self._refetches: dict[int, int] = {}  # tasks run again, lost values
         self.outgoing: Outgoing[Submission] = Outgoing(_task_of, wake)
+        self._hand_off = False  # (see new_stream)
 
-    def new_stream(self) -> None:
-        """A stream starts: it has carried no function yet."""
+    def new_stream(self, *, hand_off: bool = False) -> None:
+        """A stream starts: it has carried no function yet. With
+        ``hand_off`` (to one of several dispatchers), a task it fails with
+        ``PoolStopping`` stays pending, to go to the next one."""
         self.outgoing.new_stream()
+        self._hand_off = hand_off
 
     def __len__(self) -> int:
         return len(self._pending)
@@ -92,6 +97,8 @@ class Ledger:
                     self._store.discard(result.data)  # (nobody will read it)
             elif transfer.transfer_of(result) is not None:
                 to_fetch.append(result)
+            elif self._hand_off and result.failure.type == _STOPPING:
+                continue  # (sent again once the stream ends)
             else:
                 self._settle(result)
         return to_fetch

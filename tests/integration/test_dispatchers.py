@@ -204,3 +204,22 @@ def test_a_new_client_finds_the_live_dispatcher(
                 assert list(client.map(sample_tasks.square, range(20))) == [
                     x * x for x in range(20)
                 ]
+
+
+def test_a_dispatcher_that_stops_hands_its_tasks_to_the_other(
+    namespace: str, redis_server: RedisServer, tmp_path: Path
+) -> None:
+    """The host of a client's dispatcher stops cleanly (Ctrl-C) with 200
+    tasks in flight: what it had not sent to a worker, it hands back, and
+    the client sends that to the other dispatcher; every task finishes
+    with its value (none fails with PoolStopping)."""
+    hosts = Hosts(namespace, redis_server.url, tmp_path)
+    with hosts.dispatcher("a") as first, hosts.workers(2), hosts.client() as client:
+        assert client.submit(sample_tasks.square, 3).result(30) == 9  # (through a)
+        with hosts.dispatcher("b"):
+            futures, gate = _gated(client, tmp_path)
+            first.proc.send_signal(signal.SIGINT)
+            wait_until(lambda: len(live_sync(hosts.url, namespace)) == 1, 30)
+            gate.touch()
+            assert [f.result(60) for f in futures] == list(range(TASKS))
+            assert first.proc.wait(60) == 0
