@@ -12,14 +12,16 @@ import signal
 import socket
 import threading
 from collections.abc import Iterator
-from concurrent.futures import Future
+from concurrent.futures import CancelledError, Future
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
 import pytest
 
 from pool import Client
+from pool.cli.inspect import ask_dispatcher
 from pool.client.announcements import live_sync
+from pool.client.rendezvous import Locator
 from tests import sample_tasks
 from tests.helpers import wait_until
 from tests.integration.test_redis_pool import remote_worker
@@ -55,8 +57,9 @@ class Hosts:
             yield pool
 
     @contextmanager
-    def workers(self, count: int) -> Iterator[list[int]]:
-        """``count`` workers of other hosts (127.0.0.2 on); their pids."""
+    def workers(self, count: int, *options: str) -> Iterator[list[int]]:
+        """``count`` workers of other hosts (127.0.0.2 on), started with
+        ``options`` too; their pids."""
         with ExitStack() as stack:
             yield [
                 stack.enter_context(
@@ -64,7 +67,7 @@ class Hosts:
                         self.namespace,
                         self.url,
                         f"127.0.0.{2 + i}",
-                        *("--token-file", str(self.token)),
+                        *("--token-file", str(self.token), *options),
                     )
                 )
                 for i in range(count)
@@ -223,3 +226,54 @@ def test_a_dispatcher_that_stops_hands_its_tasks_to_the_other(
             gate.touch()
             assert [f.result(60) for f in futures] == list(range(TASKS))
             assert first.proc.wait(60) == 0
+
+
+def test_a_task_held_behind_another_dispatchers_stays_cancellable(
+    namespace: str, redis_server: RedisServer, tmp_path: Path
+) -> None:
+    """One worker with one slot, linked by two dispatchers: a task sent
+    through one dispatcher, held by the worker behind a task of the other's
+    that runs, is cancelled (the worker withdraws it: it never runs), and
+    the worker then runs the next task as usual."""
+    hosts = Hosts(namespace, redis_server.url, tmp_path)
+    locator = Locator(namespace, hosts.url, str(hosts.token))
+    gate, ran = tmp_path / "gate", tmp_path / "ran"
+    with (
+        hosts.dispatcher("a"),
+        hosts.dispatcher("b"),
+        hosts.workers(1, "--concurrency", "1"),
+        hosts.client() as first,
+    ):
+        running = first.submit(
+            sample_tasks.started_then_gated,
+            *(str(tmp_path / "started"), str(gate), str(tmp_path / "done"), 1),
+        )
+        wait_until((tmp_path / "started").exists)
+        [used] = _sent(locator)  # (the first client's dispatcher)
+        with ExitStack() as stack:
+            while True:  # a client of the other one (each takes one at random)
+                second = stack.enter_context(hosts.client())
+                held = second.submit(sample_tasks.mark, str(ran))
+                wait_until(lambda: sum(_sent(locator).values()) == 2, 30)
+                if _sent(locator).get(used) == 1:
+                    break
+                held.cancel()  # (the same dispatcher: try another client)
+                wait_until(lambda: sum(_sent(locator).values()) == 1, 30)
+            assert held.cancel()
+            with pytest.raises(CancelledError):
+                held.result(30)
+            gate.touch()
+            assert running.result(30) == 1
+            assert second.submit(sample_tasks.square, 4).result(30) == 16
+        assert not ran.exists()
+
+
+def _sent(locator: Locator) -> dict[str, int]:
+    """How many tasks each dispatcher (by address) has at workers, of
+    those that have some."""
+    sent = {}
+    for target in locator.all_now():
+        view = ask_dispatcher(locator, target)
+        if view is not None and (count := sum(view[0].values())):
+            sent[target.address] = count
+    return sent
