@@ -218,17 +218,26 @@ class Connection:
             self._call = None
             call.cancel()
             await channel.close()
-        if withdrawn.is_set() or (failed is not None and target.id):
+        return self._ended(target, served, failed, withdrawn.is_set())
+
+    def _ended(
+        self,
+        target: Target,
+        served: bool,
+        failed: aio.AioRpcError | None,
+        withdrawn: bool,
+    ) -> _Ended:
+        """How the stream to ``target`` ended: a refusal fails what is
+        pending; the end of one of several dispatchers (announced ones) is
+        no end: another takes what is pending, and that one is not taken
+        again while another is announced."""
+        if target.id:
             self._broken[target.id] = time.monotonic()
-        if withdrawn.is_set():
-            return _Ended(None, served)  # another dispatcher takes them
-        if failed is not None:
+        if failed is not None and not withdrawn:
             return _Ended(self._refusal(failed), served)
-        stopped: PoolError | None = PoolNotRunning(self.namespace, "the pool stopped")
-        if target.id:  # one of several, maybe: the next one found takes them
-            self._broken[target.id] = time.monotonic()
-            stopped = None
-        return _Ended(None if self._closing else stopped, served)
+        if withdrawn or target.id or self._closing:
+            return _Ended(None, served)
+        return _Ended(PoolNotRunning(self.namespace, "the pool stopped"), served)
 
     async def _channel(self) -> tuple[aio.Channel, Target]:
         """A channel to the dispatcher, and where it is.

@@ -262,6 +262,8 @@ def test_a_task_held_behind_another_dispatchers_stays_cancellable(
             assert held.cancel()
             with pytest.raises(CancelledError):
                 held.result(30)
+            # (the worker's answer, withdrawn, reaches its dispatcher)
+            wait_until(lambda: _sent(locator) == {used: 1}, 30)
             gate.touch()
             assert running.result(30) == 1
             assert second.submit(sample_tasks.square, 4).result(30) == 16
