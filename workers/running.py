@@ -1,15 +1,14 @@
 """What a worker holds of the tasks it runs (:mod:`workers.service`): each
 Run stream's receiving half (:class:`Stream`), each task it took
-(:class:`Entry`), what the slot threads tell the loop (:class:`News`), how
-a plain task runs in a slot thread (:func:`run_plain`) and a coroutine task
-on the loop (:func:`run_coroutine`), and how long they
-have been running (:class:`PaceMeter`).
+(:class:`Entry`), how a plain task runs in a slot thread
+(:func:`run_plain`; the threads are :mod:`workers.slots`) and a coroutine
+task on the loop (:func:`run_coroutine`), and how long they have been
+running (:class:`PaceMeter`).
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Final
@@ -77,36 +76,6 @@ class Entry:
         if (held := transfer.transfer_of(self.task)) is not None:
             self.uploaded = held.token
             transfer.ARRIVED.claim(held.token)
-
-
-class News:
-    """What the slot threads tell their loop: the tasks they started and
-    those that ended (with its result and run time). The caller holds its
-    claim lock around every method but :meth:`call`; the loop is called
-    once (``take_news``) for all that piles up before it takes it, so a busy
-    loop is woken once for many."""
-
-    def __init__(self, loop: asyncio.AbstractEventLoop, take_news: Callable[[], None]):
-        self._loop, self._take_news = loop, take_news
-        self.starts: list[Entry] = []
-        self.ended: list[tuple[Entry, Result, float]] = []
-        self._called = False
-
-    def due(self) -> bool:
-        """Whether this post must call the loop (no call is pending)."""
-        due, self._called = not self._called, True
-        return due
-
-    def call(self) -> None:
-        """Call the loop to take the news (any thread; outside the lock)."""
-        with contextlib.suppress(RuntimeError):  # the loop closed: exiting
-            self._loop.call_soon_threadsafe(self._take_news)
-
-    def take(self) -> tuple[list[Entry], list[tuple[Entry, Result, float]]]:
-        """Everything posted since the last take; the next post calls again."""
-        news = self.starts, self.ended
-        self.starts, self.ended, self._called = [], [], False
-        return news
 
 
 def run_plain(entry: Entry, max_args_bytes: int, writer: DataOwner | None) -> Result:

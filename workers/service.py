@@ -18,11 +18,12 @@ starts at once, on the loop, and stays cancellable while it runs.
 
 Each stream owns an :class:`asyncio.TaskGroup`: its reader, its coroutine
 tasks and the imports it waits for; a hang-up cancels it. Plain functions
-go to ``concurrency`` slot threads. A thread cannot be interrupted: a plain
-task timed out while running is answered at once, but its thread counts as
-*stuck* until the call returns, and the advertised capacity shrinks; with
-every thread stuck the status is ``"stuck"``, the held tasks are handed
-back (UNAVAILABLE: sent elsewhere) and the supervisor replaces the worker.
+go to ``concurrency`` slot threads (:mod:`workers.slots`). A thread cannot
+be interrupted: a plain task timed out while running is answered at once,
+but its thread counts as *stuck* until the call returns, and the advertised
+capacity shrinks; with every thread stuck the status is ``"stuck"``, the
+held tasks are handed back (UNAVAILABLE: sent elsewhere) and the supervisor
+replaces the worker.
 A worker past its limits (:mod:`workers.limits`) retires: it hands back
 what it holds, finishes what runs, and :attr:`WorkerService.retiring` ends
 its process. Imports, shipped functions' unpickling and large coroutine
@@ -36,8 +37,6 @@ from __future__ import annotations
 import asyncio
 import functools
 import inspect
-import queue
-import threading
 import time
 from collections.abc import AsyncIterator, Callable
 from typing import Any, Final
@@ -52,7 +51,8 @@ from workers.protocol import codec, worker_pb2_grpc
 from workers.protocol.errors import BadTask, TaskTimeout
 from workers.protocol.owners import DataOwner
 from workers.protocol.worker_pb2 import Result, ResultBatch, Task, TaskBatch
-from workers.running import Entry, News, PaceMeter, Stream, failed, timed
+from workers.running import Entry, PaceMeter, Stream, failed, timed
+from workers.slots import SlotThreads
 
 _ALL_STUCK: Final = (
     "every task thread is held by a task that timed out or was cancelled"
@@ -95,17 +95,19 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
         self.retiring = asyncio.Event()
         self._loop = asyncio.get_running_loop()
         self._on_change = on_change
-        self._plain: queue.SimpleQueue[Entry | None] = queue.SimpleQueue()
-        self._claim = threading.Lock()  # a slot thread taking an entry vs. the loop
         self._offload = Offload("offload")  # imports, large arguments
-        self._news = News(self._loop, self._take_news)  # (under the claim lock)
-        self._slots = [
-            threading.Thread(target=self._slot, args=(i,), name=f"task-{i}")
-            for i in range(concurrency)
-        ]
-        for slot in self._slots:
-            slot.daemon = True
-            slot.start()
+        self._slots = SlotThreads(
+            concurrency,
+            self._loop,
+            self.limits,
+            take_news=self._take_news,
+            run=functools.partial(
+                tasks.run_plain, max_args_bytes=max_args_bytes, writer=writer
+            ),
+            refuse=self._refuse_held,
+            retire=self.retire,
+        )
+        self._claim = self._slots.claim  # (the loop decides against the threads)
         self._streams: set[Stream] = set()
         self._idle = asyncio.Event()  # (set below: nothing runs yet)
         self.draining = False
@@ -139,8 +141,7 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
     async def aclose(self) -> None:
         """Let the slot threads end once their current task returns, and
         end the offload threads (bounded: an import may hang)."""
-        for _ in self._slots:
-            self._plain.put(None)
+        self._slots.close()
         await self._offload.aclose()
 
     async def Run(self, request_iterator: Requests, context: Context) -> None:
@@ -255,8 +256,7 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
         elif self.free_threads == 0:  # every thread is stuck: let another worker
             self._answer(entry, failed(task.id, codec.rejected(_ALL_STUCK)))
         else:
-            entry.plain = True
-            self._plain.put(entry)
+            self._slots.put(entry)
 
     async def _run_coroutine(self, entry: Entry, fn: Callable[..., Any]) -> None:
         started, limit = time.perf_counter(), self._max_args_bytes
@@ -266,36 +266,10 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
         elapsed = time.perf_counter() - started
         self._answer(entry, timed(result, self.concurrency, elapsed))
 
-    def _slot(self, index: int) -> None:
-        """A slot thread: start and run plain tasks one after another."""
-        while (entry := self._plain.get()) is not None:
-            with self._claim:
-                if entry.answered:
-                    continue  # withdrawn, handed back, or its stream ended
-                if not self.limits.take_start():  # retiring: not here
-                    self._loop.call_soon_threadsafe(self._refuse_held, entry)
-                    continue
-                entry.running = entry.taken = True  # no withdrawal from now on
-                self._news.starts.append(entry)
-                call = self._news.due()
-            if call:
-                self._news.call()
-            if self.limits.why is not None:  # (its last start: after its news)
-                self._loop.call_soon_threadsafe(self.retire)
-            started = time.perf_counter()
-            result = tasks.run_plain(entry, self._max_args_bytes, self._writer)
-            elapsed = time.perf_counter() - started
-            with self._claim:
-                entry.running = False
-                self._news.ended.append((entry, timed(result, index, elapsed), elapsed))
-                call = self._news.due()
-            if call:
-                self._news.call()
-
     def _take_news(self) -> None:
         """Report the starts, then settle the ends, that the threads posted."""
         with self._claim:
-            starts, ended = self._news.take()
+            starts, ended = self._slots.news.take()
         for entry in starts:
             if not entry.answered:
                 self._started(entry)
