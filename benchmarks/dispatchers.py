@@ -86,7 +86,7 @@ class Hosts:
         """The host whose dispatcher has tasks (the client's)."""
         for target in self.locator.all_now():
             view = ask_dispatcher(self.locator, target)
-            if view is not None and (view[1] or any(view[0].values())):
+            if view is not None and (view.queued or any(view.in_flight.values())):
                 port = int(target.address.rsplit(":", 1)[1])
                 return next(p for p in self.pools if self.ports[p] == port)
         raise RuntimeError("no dispatcher has the client's tasks")

@@ -29,19 +29,23 @@ class ListWorkersRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class WorkerState(_message.Message):
-    __slots__ = ("info", "in_flight", "done")
+    __slots__ = ("info", "in_flight", "done", "others")
     INFO_FIELD_NUMBER: _ClassVar[int]
     IN_FLIGHT_FIELD_NUMBER: _ClassVar[int]
     DONE_FIELD_NUMBER: _ClassVar[int]
+    OTHERS_FIELD_NUMBER: _ClassVar[int]
     info: _worker_info_pb2.WorkerInfo
     in_flight: int
     done: int
-    def __init__(self, info: _Optional[_Union[_worker_info_pb2.WorkerInfo, _Mapping]] = ..., in_flight: _Optional[int] = ..., done: _Optional[int] = ...) -> None: ...
+    others: int
+    def __init__(self, info: _Optional[_Union[_worker_info_pb2.WorkerInfo, _Mapping]] = ..., in_flight: _Optional[int] = ..., done: _Optional[int] = ..., others: _Optional[int] = ...) -> None: ...
 
 class ListWorkersReply(_message.Message):
-    __slots__ = ("workers", "queued")
+    __slots__ = ("workers", "queued", "clients")
     WORKERS_FIELD_NUMBER: _ClassVar[int]
     QUEUED_FIELD_NUMBER: _ClassVar[int]
+    CLIENTS_FIELD_NUMBER: _ClassVar[int]
     workers: _containers.RepeatedCompositeFieldContainer[WorkerState]
     queued: int
-    def __init__(self, workers: _Optional[_Iterable[_Union[WorkerState, _Mapping]]] = ..., queued: _Optional[int] = ...) -> None: ...
+    clients: int
+    def __init__(self, workers: _Optional[_Iterable[_Union[WorkerState, _Mapping]]] = ..., queued: _Optional[int] = ..., clients: _Optional[int] = ...) -> None: ...

@@ -12,6 +12,7 @@ import grpc
 
 from discovery import list_workers
 from pool.client.rendezvous import locate
+from pool.dispatcher_pb2 import Submission, SubmissionBatch
 from pool.dispatcher_pb2_grpc import DispatcherStub
 from workers.protocol import auth, codec
 from workers.protocol.worker_pb2 import Result, Task, TaskBatch
@@ -75,6 +76,19 @@ def run(
     for batch in stub.Run(iter(list(batches)), metadata=metadata, timeout=30):
         for result in batch.results:
             answers.setdefault(result.id, []).append(result)
+    return answers
+
+
+def submit_to(address: str, token: str, tasks: Iterable[Task]) -> dict[int, Result]:
+    """Send the tasks to the dispatcher at ``address`` on one SubmitStream,
+    closed at once; each answer, by task id, once every task is answered."""
+    batch = SubmissionBatch(submissions=[Submission(task=task) for task in tasks])
+    answers: dict[int, Result] = {}
+    with grpc.insecure_channel(address, options=GRPC_OPTIONS) as channel:
+        stub = DispatcherStub(channel)  # type: ignore[no-untyped-call]
+        metadata = auth.call_metadata(token)
+        for batch_back in stub.SubmitStream(iter([batch]), metadata=metadata):
+            answers.update((result.id, result) for result in batch_back.results)
     return answers
 
 

@@ -122,6 +122,14 @@ def started_then_gated(started: str, gate: str, done: str, value: int) -> int:
     return value
 
 
+def noted_then_gated(runs: str, gate: str, value: int) -> int:
+    """Note this run (``value``, a line appended to the file ``runs``), wait
+    for ``gate``, and return ``value``."""
+    with open(runs, "a") as out:
+        out.write(f"{value}\n")
+    return gated(gate, value)
+
+
 async def async_until_cancelled(started: str, cancelled: str, done: str) -> None:
     """Say it started, then wait for ever; note a cancellation, or (never)
     the end."""

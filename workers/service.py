@@ -30,6 +30,12 @@ its process. Imports, shipped functions' unpickling and large coroutine
 arguments run in daemon threads, never on the loop. A task that cannot be
 run as sent is answered alone with its precise status
 (``proto/workers/protocol/worker.proto``); its stream goes on.
+
+Several dispatchers may each hold a stream (a pool with a dispatcher on
+each of several hosts). The slots are shared in the order tasks come, and
+each stream is told, when it changes, how many tasks the worker holds for
+the others (``ResultBatch.others``): a dispatcher counts them in the
+worker's load, so that it does not promise a slot another one filled.
 """
 
 from __future__ import annotations
@@ -109,6 +115,7 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
         )
         self._claim = self._slots.claim  # (the loop decides against the threads)
         self._streams: set[Stream] = set()
+        self._sharing = False  # a second stream came: tell each the others'
         self._idle = asyncio.Event()  # (set below: nothing runs yet)
         self.draining = False
         self._ending = False  # end_streams was called
@@ -147,6 +154,8 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
     async def Run(self, request_iterator: Requests, context: Context) -> None:
         stream = Stream()
         self._streams.add(stream)
+        self._sharing = self._sharing or len(self._streams) > 1
+        stream.outbox.others(self.running)  # (another dispatcher's, if any)
         if self._ending:  # (a dispatcher reconnecting to a worker on its way out)
             stream.outbox.close()
 
@@ -200,12 +209,21 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
         entry = Entry(task, stream, code)
         stream.entries[task.id] = entry
         self.running += 1
+        self._share(stream)
         self._idle.clear()
         if (fn := imports.found(task)) is None:
             self._find(entry)
         else:
             self._launch(entry, fn)
         self._on_change()
+
+    def _share(self, changed: Stream) -> None:
+        """``changed`` took or settled a task: tell each other stream (another
+        dispatcher) how many this worker now holds for the rest."""
+        if self._sharing:  # (once a second stream came: it may be gone again)
+            for stream in self._streams:
+                if stream is not changed:
+                    stream.outbox.others(self.running - len(stream.entries))
 
     def _find(self, entry: Entry) -> None:
         """Find a held task's callable in a thread (an import may take long,
@@ -362,6 +380,7 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
             self.done += 1
             self.failed += result.HasField("failure")
         entry.stream.answer(entry.task.id, result)
+        self._share(entry.stream)
         if entry.started and self.limits.after_task():
             self.retire()
         if not self.running:

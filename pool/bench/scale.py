@@ -211,7 +211,8 @@ def _settled_count(namespace: str) -> int:
     while len(counts) < 4 or counts[-1] != counts[-4]:
         time.sleep(0.2)  # (a benchmark's poll of a count, not a test's sync)
         view = dispatcher_view(Locator(namespace))
-        counts.append(-1 if view is None else view[1] + sum(view[0].values()))
+        held = -1 if view is None else view.queued + sum(view.in_flight.values())
+        counts.append(held)
     return counts[-1]
 
 

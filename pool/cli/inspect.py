@@ -12,7 +12,7 @@ import sys
 import uuid
 from collections.abc import AsyncIterable
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import grpc
 import uvloop
@@ -48,8 +48,8 @@ what the dispatchers have sent each and have queued
 List the workers registered in NAMESPACE's shared memory (or, with
 --discovery, in Redis), one line each (a table on a terminal): pid,
 address, status, tasks running and done, and how many the dispatchers have
-sent each; then each dispatcher (a pool on Redis may have several) and how
-many tasks wait in it.
+sent each; then each dispatcher (a pool on Redis may have several), how
+many tasks wait in it and how many clients it serves.
 """
 WATCH = """print worker events as they happen (Ctrl-C to stop)
 
@@ -105,24 +105,36 @@ def run_workers(args: argparse.Namespace) -> int:
     for info in infos:
         fields = describe(info)
         if views:
-            sent = (in_flight.get(str(info.uid), 0) for _, (in_flight, _) in views)
+            sent = (view.in_flight.get(str(info.uid), 0) for _, view in views)
             fields["in_flight"] = sum(sent)
         rows.append(fields)
     if sys.stdout.isatty():
-        queued = "".join(f", {q} queued at {t.address}" for t, (_, q) in views)
-        title = f"{_count(len(infos), 'worker')} in {args.namespace!r}{queued}"
+        title = f"{_count(len(infos), 'worker')} in {args.namespace!r}" + "".join(
+            f", {v.queued} queued at {t.address} ({_count(v.clients, 'client')})"
+            for t, v in views
+        )
         _print_workers(title, columns, rows)
         return 0
     for fields in rows:
         print(line("worker", {c: fields[c] for c in columns}))
-    for target, (_, queued_there) in views:
-        print(line("dispatcher", {"address": target.address, "queued": queued_there}))
+    for target, view in views:
+        about = {"address": target.address, "queued": view.queued}
+        print(line("dispatcher", about | {"clients": view.clients}))
     return 0
 
 
-def dispatcher_view(locator: Locator) -> tuple[dict[str, int], int] | None:
-    """What the dispatcher has sent each worker (by uid) and has queued, or
-    None when no dispatcher answers (of several, one of them)."""
+class DispatcherView(NamedTuple):
+    """What one dispatcher answers: what it has sent each worker (by uid),
+    how many tasks wait in it, and how many clients it serves."""
+
+    in_flight: dict[str, int]
+    queued: int
+    clients: int
+
+
+def dispatcher_view(locator: Locator) -> DispatcherView | None:
+    """The pool's dispatcher's :class:`DispatcherView`, or None when no
+    dispatcher answers (of several, one of them)."""
     try:
         return ask_dispatcher(locator, locator.locate_now())
     except PoolNotRunning:
@@ -137,9 +149,7 @@ def _targets(locator: Locator) -> list[Target]:
         return []
 
 
-def ask_dispatcher(
-    locator: Locator, target: Target
-) -> tuple[dict[str, int], int] | None:
+def ask_dispatcher(locator: Locator, target: Target) -> DispatcherView | None:
     """:func:`dispatcher_view` of the dispatcher ``target``."""
     channel = (
         grpc.secure_channel(target.address, locator.credentials())
@@ -157,7 +167,7 @@ def ask_dispatcher(
         except grpc.RpcError:
             return None
     in_flight = {str(uuid.UUID(bytes=s.info.uid)): s.in_flight for s in reply.workers}
-    return in_flight, reply.queued
+    return DispatcherView(in_flight, reply.queued, reply.clients)
 
 
 def run_watch(args: argparse.Namespace) -> int:

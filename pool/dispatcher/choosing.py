@@ -14,8 +14,9 @@ Two rules, by how long a link's tasks run (its worker's measured pace):
   task packed behind a long one (a short worker's pace is no promise)
   waits until its worker lags, then moves to an idle one
   (:mod:`pool.dispatcher.stealing`).
-- **The rest is spread**: the least-loaded link with room (tasks held
-  over slots; the first on a tie), so that every slot runs.
+- **The rest is spread**: the least-loaded link with room (tasks its
+  worker holds, other dispatchers' too, over slots; the first on a tie),
+  so that every slot runs.
 
 A link whose pace is not known yet (a fresh worker) is spread to. The
 room of each link is read once; a job without tags takes the top of a
@@ -93,7 +94,7 @@ class Chooser:
             elif load != _load(link):  # (a tagged job went there since)
                 heapq.heapreplace(heap, (_load(link), i, link))
             else:  # its load once the job is sent there:
-                after = (len(link.in_flight) + 1) / link.slots
+                after = (link.load + 1) / link.slots
                 heapq.heapreplace(heap, (after, i, link))
                 return link
         return None
@@ -103,7 +104,7 @@ def packs(link: Link, now: float) -> bool:
     """Whether short work goes to ``link`` first: its tasks run far shorter
     than a round trip to it, and it has a slot free or keeps up."""
     return 0 < link.pace_s * PACK_FACTOR < link.rtt_s and (
-        len(link.in_flight) < link.slots or keeps_up(link, now)
+        link.load < link.slots or keeps_up(link, now)
     )
 
 
@@ -121,4 +122,4 @@ def lag_after(link: Link) -> float:
 
 
 def _load(link: Link) -> float:
-    return len(link.in_flight) / link.slots
+    return link.load / link.slots

@@ -37,7 +37,8 @@ class LinkEvents(Protocol):
         """The worker started these tasks (reported with its results)."""
 
     def on_results(self, link: Link, results: Iterable[Result]) -> None:
-        """One message's results from the worker."""
+        """One message's results from the worker (none, if it only told
+        how many tasks it holds for other dispatchers: ``link.others``)."""
 
 
 class Link(Protocol):
@@ -50,6 +51,11 @@ class Link(Protocol):
     pace_s: float  # how long its tasks run (0: not known yet)
     rtt_s: float  # a round trip to it
     progressed_at: float  # when it last reported a start (or was sent work, idle)
+    others: int  # tasks its worker holds for other dispatchers, last told
+
+    @property
+    def load(self) -> int:
+        """Tasks its worker holds: ours in flight, and the others'."""
 
     @property
     def ready(self) -> bool: ...

@@ -19,6 +19,12 @@ queue), up to :data:`MAX_AHEAD_PER_SLOT` for tasks far shorter (which
 the router packs onto few workers: :mod:`pool.dispatcher.choosing`). The round
 trip is measured here, from a task's write to the report of its start: a
 slowly decaying minimum, since a task that waited for a slot reports late.
+
+A worker that other dispatchers also link (a pool with a dispatcher on each
+of several hosts) tells each one how many tasks it holds for the others
+when that changes (:attr:`WorkerLink.others`): they count in the worker's
+:attr:`~WorkerLink.load`, as the router weighs it everywhere, so that a
+slot another dispatcher filled is not promised again.
 """
 
 from __future__ import annotations
@@ -75,6 +81,7 @@ class WorkerLink:
         self.pace_s = 0.0  # how long its tasks run (0: not known yet)
         self.rtt_s = FIRST_RTT_S
         self.progressed_at = 0.0
+        self.others = 0  # tasks its worker holds for other dispatchers
         self._connected = False  # the stream reached the worker
         self._ended = False
         self._events = events
@@ -101,11 +108,15 @@ class WorkerLink:
         return self.info.capacity
 
     @property
+    def load(self) -> int:
+        return len(self.in_flight) + self.others
+
+    @property
     def free(self) -> int:
         ahead = 1
         if self.pace_s > 0:
             ahead = min(MAX_AHEAD_PER_SLOT, math.ceil(self.rtt_s / self.pace_s))
-        return self.slots * (1 + ahead) - len(self.in_flight)
+        return self.slots * (1 + ahead) - self.load
 
     @property
     def ready(self) -> bool:
@@ -227,10 +238,13 @@ class WorkerLink:
                     self.progressed_at = time.monotonic()
                     self._time_round_trip(batch.started[0])
                     events.on_started(self, batch.started)
+                if batch.HasField("others"):
+                    self.others = batch.others
                 if batch.results:
                     self._name_holder(batch.results)
                     if batch.pace_us:
                         self.pace_s = batch.pace_us * 1e-6
+                if batch.results or batch.HasField("others"):
                     events.on_results(self, batch.results)
         except aio.AioRpcError as exc:
             self._report(exc)

@@ -345,7 +345,7 @@ class Router:
         """Ask back tasks held behind busy slots for the slots that have
         nothing (:mod:`pool.dispatcher.stealing`); whether some came back at
         once (they are queued again)."""
-        idle = [link for link in ready if len(link.in_flight) < link.slots]
+        idle = [link for link in ready if link.load < link.slots]
         if not idle:
             return False
         back = self._withdrawals.steal(idle, self._open)

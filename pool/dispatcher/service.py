@@ -129,7 +129,10 @@ class DispatcherService(dispatcher_pb2_grpc.DispatcherServicer):
                 info=link.info.to_protobuf(),
                 in_flight=len(link.in_flight),
                 done=link.done,
+                others=link.others,
             )
             for link in self._router.links.values()
         ]
-        return ListWorkersReply(workers=states, queued=self._router.queued)
+        return ListWorkersReply(
+            workers=states, queued=self._router.queued, clients=len(self._streams)
+        )

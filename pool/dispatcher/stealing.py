@@ -68,12 +68,12 @@ class Withdrawals:
         idle link can run it; what an ask in flight will bring counts. The
         tasks that came back at once (not written yet) are returned."""
         self._due = None
-        wanted = sum(k.slots - len(k.in_flight) for k in idle) - len(self.asked)
+        wanted = sum(k.slots - k.load for k in idle) - len(self.asked)
         if wanted <= 0:
             return []
         now = time.monotonic()
         back: list[Job] = []
-        holding = [k for k in holders if len(k.in_flight) > k.slots]  # (few)
+        holding = [k for k in holders if k.load > k.slots]  # (few)
         for holder in sorted(holding, key=_excess, reverse=True):
             waiting = _excess(holder)
             if keeps_up(holder, now):
@@ -137,5 +137,6 @@ class Withdrawals:
 
 
 def _excess(link: Link) -> int:
-    """Tasks it holds past its slots: some wait behind a busy one."""
-    return len(link.in_flight) - link.slots
+    """Tasks its worker holds past its slots (other dispatchers' count):
+    some wait behind a busy one."""
+    return link.load - link.slots

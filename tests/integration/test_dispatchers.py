@@ -11,8 +11,9 @@ import secrets
 import signal
 import socket
 import threading
+from collections import Counter
 from collections.abc import Iterator
-from concurrent.futures import CancelledError, Future
+from concurrent.futures import CancelledError, Future, ThreadPoolExecutor
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
@@ -21,12 +22,14 @@ import pytest
 from pool import Client
 from pool.cli.inspect import ask_dispatcher
 from pool.client.announcements import live_sync
-from pool.client.rendezvous import Locator
+from pool.client.rendezvous import Locator, Target
 from tests import sample_tasks
 from tests.helpers import wait_until
 from tests.integration.test_redis_pool import remote_worker
 from tests.pools import RunningPool, pool_command, running_pool
 from tests.redis_server import RedisServer
+from tests.rpc import call, submit_to, value
+from workers.protocol.worker_pb2 import Task
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 
@@ -120,18 +123,22 @@ def _kill_host(pool: RunningPool) -> None:
 
 
 def _gated(client: Client, tmp_path: Path) -> tuple[list[Future[int]], Path]:
-    """:data:`TASKS` tasks that wait for the file it returns; once some run."""
-    gate = tmp_path / "gate"
-    started = [tmp_path / f"started-{i}" for i in range(TASKS)]
+    """:data:`TASKS` tasks that wait for the file it returns, each noting
+    its runs (:func:`_runs`); once some run."""
+    gate, runs = tmp_path / "gate", tmp_path / "runs"
     futures = [
-        client.submit(
-            sample_tasks.started_then_gated,
-            *(str(started[i]), str(gate), str(tmp_path / f"done-{i}"), i),
-        )
+        client.submit(sample_tasks.noted_then_gated, str(runs), str(gate), i)
         for i in range(TASKS)
     ]
-    wait_until(lambda: sum(path.exists() for path in started) >= 2)
+    wait_until(lambda: len(_runs(tmp_path)) >= 2)
     return futures, gate
+
+
+def _runs(tmp_path: Path) -> Counter[int]:
+    """How many times each task of :func:`_gated` has begun to run."""
+    with contextlib.suppress(FileNotFoundError):
+        return Counter(int(n) for n in (tmp_path / "runs").read_text().split())
+    return Counter()
 
 
 def test_a_client_rides_the_death_of_its_dispatcher(
@@ -141,8 +148,9 @@ def test_a_client_rides_the_death_of_its_dispatcher(
     dispatcher a client uses is SIGKILLed with 200 tasks in flight (running,
     held by workers, queued); every task finishes with its value, through
     the other dispatcher, which the client calls at once: never the dead
-    one again, though its announcement runs on for a while. `pool workers`
-    of a third machine lists both dispatchers while both live."""
+    one again, though its announcement runs on for a while; only a task
+    that had begun runs again (at least once, as the README says). `pool
+    workers` of a third machine lists both dispatchers while both live."""
     hosts = Hosts(namespace, redis_server.url, tmp_path)
     with hosts.dispatcher("a") as first, hosts.workers(4), hosts.client() as client:
         assert client.submit(sample_tasks.square, 3).result(30) == 9  # (through a)
@@ -162,10 +170,15 @@ def test_a_client_rides_the_death_of_its_dispatcher(
             } == both
             futures, gate = _gated(client, tmp_path)
             _kill_host(first)
+            began = _runs(tmp_path)  # (none has ended: the gate is shut)
             with counting_calls(dead.address) as calls:
                 gate.touch()
                 assert [f.result(60) for f in futures] == list(range(TASKS))
             assert calls == [0]
+            # At least once: only a task that had begun may run again.
+            runs = _runs(tmp_path)
+            assert set(runs) == set(range(TASKS)) and max(runs.values()) <= 2
+            assert {i for i, n in runs.items() if n == 2} <= set(began)
             wait_until(lambda: len(live_sync(hosts.url, namespace)) == 1, 30)
 
 
@@ -270,12 +283,57 @@ def test_a_task_held_behind_another_dispatchers_stays_cancellable(
         assert not ran.exists()
 
 
+def test_a_slot_another_dispatcher_filled_is_not_promised_again(
+    namespace: str, redis_server: RedisServer, tmp_path: Path
+) -> None:
+    """Two dispatchers, two workers of one slot each: while a task sent
+    through one dispatcher runs, a task sent through the other starts on
+    the free worker, not held behind it (the busy worker told the other
+    dispatcher what it holds for the first). Fails without the sharing:
+    both dispatchers pick the same first worker."""
+    hosts = Hosts(namespace, redis_server.url, tmp_path)
+    locator = Locator(namespace, hosts.url, str(hosts.token))
+    gate = tmp_path / "gate"
+    started = [tmp_path / f"started-{i}" for i in range(2)]
+
+    def task(i: int) -> Task:
+        done = str(tmp_path / f"done-{i}")
+        args = call(str(started[i]), str(gate), done, i)
+        return Task(id=i, function="tests.sample_tasks:started_then_gated", args=args)
+
+    with (
+        hosts.dispatcher("a"),
+        hosts.dispatcher("b"),
+        hosts.workers(2, "--concurrency", "1"),
+        ThreadPoolExecutor(2) as streams,
+    ):
+        first, second = locator.all_now()
+        both = (first, second)  # (each links both workers)
+        wait_until(lambda: all(_linked(locator, t) == 2 for t in both), 30)
+        answers = [streams.submit(submit_to, first.address, first.token, [task(0)])]
+        try:
+            wait_until(started[0].exists, 30)
+            answers.append(
+                streams.submit(submit_to, second.address, second.token, [task(1)])
+            )
+            wait_until(started[1].exists, 30)
+        finally:
+            gate.touch()
+        assert [value(a.result(30)[i]) for i, a in enumerate(answers)] == [0, 1]
+
+
+def _linked(locator: Locator, target: Target) -> int:
+    """How many workers the dispatcher ``target`` links."""
+    view = ask_dispatcher(locator, target)
+    return 0 if view is None else len(view.in_flight)
+
+
 def _sent(locator: Locator) -> dict[str, int]:
     """How many tasks each dispatcher (by address) has at workers, of
     those that have some."""
     sent = {}
     for target in locator.all_now():
         view = ask_dispatcher(locator, target)
-        if view is not None and (count := sum(view[0].values())):
+        if view is not None and (count := sum(view.in_flight.values())):
             sent[target.address] = count
     return sent

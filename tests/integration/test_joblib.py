@@ -89,8 +89,7 @@ def test_n_jobs_caps_the_batches_in_the_pool(client: Client, tmp_path: Path) -> 
         wait_until(lambda: len(list(ran.glob("start-*"))) >= 2)
         view = dispatcher_view(Locator(client.namespace))
         assert view is not None
-        in_flight, queued = view
-        assert sum(in_flight.values()) + queued == 2
+        assert sum(view.in_flight.values()) + view.queued == 2
     finally:
         gate.touch()
         runner.join(DEADLINE_S)
@@ -135,8 +134,7 @@ def _holds_only(client: Client, running: int) -> bool:
     only ``running`` tasks (no withdrawal is left unanswered)."""
     view = dispatcher_view(Locator(client.namespace))
     assert view is not None
-    in_flight, queued = view
-    return queued == 0 and sum(in_flight.values()) == running
+    return view.queued == 0 and sum(view.in_flight.values()) == running
 
 
 def test_a_worker_killed_mid_parallel_loses_no_call(

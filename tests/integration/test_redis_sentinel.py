@@ -93,7 +93,7 @@ def _registered(url: str, namespace: str) -> int:
 def _workers_linked(namespace: str) -> int:
     """How many workers the pool's dispatcher has (0 while it is not up)."""
     view = dispatcher_view(Locator(namespace))
-    return 0 if view is None else len(view[0])
+    return 0 if view is None else len(view.in_flight)
 
 
 def test_sentinels_that_do_not_answer_are_one_line(namespace: str) -> None:

@@ -42,6 +42,7 @@ class FakeLink:
         self.cancels: list[int] = []
         self.ahead = 0  # what it may hold past its slots
         self.pace_s, self.rtt_s, self.progressed_at = 0.0, 0.001, 0.0
+        self.others = 0
         self._ended = asyncio.Event()
 
     @property
@@ -57,8 +58,12 @@ class FakeLink:
         return self.info.capacity
 
     @property
+    def load(self) -> int:
+        return len(self.in_flight) + self.others
+
+    @property
     def free(self) -> int:
-        return self.slots + self.ahead - len(self.in_flight)
+        return self.slots + self.ahead - self.load
 
     def send(self, job: Job) -> None:
         job.link = self
@@ -110,6 +115,11 @@ class FakeLink:
         """The worker gives back a task it held unstarted."""
         withdrawn = Result(id=job.task.id, failure=codec.cancelled())
         self.router.on_results(self, [withdrawn])
+
+    def tell_others(self, count: int) -> None:
+        """The worker holds ``count`` tasks for other dispatchers now."""
+        self.others = count
+        self.router.on_results(self, [])
 
     def refuse(self, job: Job) -> None:
         self.router.on_results(self, [Result(id=job.task.id, failure=codec.rejected())])
@@ -471,6 +481,41 @@ async def test_a_free_worker_steals_a_task_held_behind_a_busy_slot() -> None:
         a.withdrawn(second)
         assert second.link is b and b.unwritten == [second]
         assert second.attempts == 0 and second.client_id not in w.owner.results
+
+
+async def test_a_worker_busy_with_another_dispatchers_tasks_is_sent_none() -> None:
+    """A worker that says it holds tasks of another dispatcher counts them
+    in its load: a task goes to the worker whose slot is free, though this
+    dispatcher has sent neither anything."""
+    async with world() as w:
+        a, b = w.add("a", capacity=1), w.add("b", capacity=1)
+        a.tell_others(1)
+        first = w.submit()
+        assert first.link is b
+        b.write()
+        b.start(first)
+        b.tell_others(2)  # (now b is the busier one)
+        a.tell_others(0)
+        assert w.submit().link is a
+
+
+async def test_a_slot_another_dispatcher_frees_steals_a_task_held_here() -> None:
+    """A task held behind a busy slot is moved when another dispatcher's
+    task ends on a second worker: its report alone (no result of ours)
+    frees the slot, and the steal follows at once."""
+    async with world() as w:
+        a, b = w.add("a", capacity=1), w.add("b", capacity=1)
+        a.ahead = 1
+        b.tell_others(1)
+        first, second = w.submit(), w.submit()
+        assert first.link is a and second.link is a  # (b is not free)
+        a.write()
+        a.start(first)
+        assert a.cancels == []
+        b.tell_others(0)
+        assert a.cancels == [second.task.id] and second.withdrawing == "requeue"
+        a.withdrawn(second)
+        assert second.link is b and second.attempts == 0
 
 
 async def test_a_steal_that_comes_too_late_leaves_the_task_where_it_runs() -> None:

@@ -28,8 +28,9 @@ class Stream:
     """One Run call, and everything it answered so far."""
 
     def __init__(self, stub: WorkerStub) -> None:
-        self.call = stub.Run()
+        self.stub, self.call = stub, stub.Run()
         self.started: list[int] = []
+        self.others: list[int] = []  # what it was told, in turn
         self.results: dict[int, list[Any]] = {}
         self.changed = asyncio.Event()
 
@@ -40,6 +41,8 @@ class Stream:
         async for batch in self.call:
             assert isinstance(batch, ResultBatch)
             self.started += batch.started
+            if batch.HasField("others"):
+                self.others.append(batch.others)
             for result in batch.results:
                 self.results.setdefault(result.id, []).append(result)
             self.changed.set()
@@ -180,3 +183,43 @@ async def test_held_tasks_start_in_order_as_slots_free(tmp_path: Path) -> None:
         await stream.until(lambda: len(stream.results) == 5)
     assert stream.started == [1, 2, 3, 4, 5]
     assert sorted(map(int, log.read_text().split())) == [1, 2, 3, 4, 5]
+
+
+async def test_each_stream_hears_what_the_worker_holds_for_the_others(
+    tmp_path: Path,
+) -> None:
+    """With two streams (two dispatchers), each is told, as it changes, how
+    many tasks the worker holds for the other: taken tasks count until they
+    are answered; a lone stream is told nothing."""
+    async with worker(tmp_path, concurrency=2) as (first, gate):
+        await first.send(Task(id=9, function=SQUARE, args=call(3)))
+        await first.until(lambda: 9 in first.results)
+        assert first.others == []
+        second = Stream(first.stub)
+        async with asyncio.TaskGroup() as group:
+            group.create_task(second.read())
+            await first.send(gated(1, gate), gated(2, gate))
+            await second.until(lambda: second.others[-1:] == [2])
+            await first.until(lambda: 1 in first.started and 2 in first.started)
+            await second.send(Task(id=5, function=SQUARE, args=call(4)))
+            await first.until(lambda: first.others[-1:] == [1])  # (5 waits)
+            gate.touch()
+            await second.until(lambda: second.others[-1:] == [0])
+            await second.until(lambda: 5 in second.results)
+            await first.until(lambda: first.others[-1:] == [0])
+            await second.call.done_writing()
+        assert 0 not in second.others[:-1]  # (it rose to 2, and held there)
+
+
+async def test_a_stream_that_hangs_up_is_held_for_no_longer(tmp_path: Path) -> None:
+    """A second stream (another dispatcher) that hangs up with a task
+    running: the first is told the worker holds nothing for others now."""
+    async with worker(tmp_path, concurrency=2) as (first, gate):
+        second = Stream(first.stub)
+        async with asyncio.TaskGroup() as group:
+            reading = group.create_task(second.read())
+            await second.send(gated(1, gate))
+            await first.until(lambda: first.others[-1:] == [1])
+            second.call.cancel()
+            await first.until(lambda: first.others[-1:] == [0])
+            reading.cancel()

@@ -3,7 +3,9 @@
 Both ends of a task stream (a worker answering its dispatcher, a
 dispatcher answering its client) put results and started task ids in as
 they come, and one writer task takes them out as :class:`ResultBatch`
-messages: each write carries everything that was ready at that moment.
+messages: each write carries everything that was ready at that moment. A
+worker also tells each dispatcher how many tasks it holds for the others
+(:meth:`Outbox.others`), with the next message or in one of its own.
 """
 
 from __future__ import annotations
@@ -28,6 +30,8 @@ class Outbox:
         self._bytes = 0  # of the results' values and failures
         self._started: list[int] = []
         self._wants: list[Want] = []  # (a dispatcher's, to its client)
+        self._others: int | None = None  # a new count to tell, if any
+        self._told_others = 0  # the count last told (0 until one is)
         self._ready = asyncio.Event()
         self._closed = False
 
@@ -47,6 +51,15 @@ class Outbox:
         """Ask the client for a task's arguments (to a worker)."""
         self._wants.append(want)
         self._ready.set()
+
+    def others(self, count: int) -> None:
+        """Tell the reader how many tasks its worker holds for other
+        streams, if that changed since it was last told."""
+        if count == self._told_others:
+            self._others = None  # (changed back before it was told)
+        elif count != self._others:
+            self._others = count
+            self._ready.set()
 
     def close(self) -> None:
         """No more items: :meth:`batches` ends once it has handed out the rest."""
@@ -72,7 +85,9 @@ class Outbox:
                     batch.wants.extend(self._wants)
                 self._results, self._started, self._wants = [], [], []
                 self._bytes = 0
-                yield batch
+                yield self._tell_others(batch)
+            elif self._others is not None:
+                yield self._tell_others(ResultBatch())
             if self._closed and not (self._results or self._started):
                 return
 
@@ -90,4 +105,11 @@ class Outbox:
             size += result_size
         self._results, self._started, self._wants = [], [], []
         self._bytes = 0
+        self._tell_others(batches[0])
         return batches
+
+    def _tell_others(self, batch: ResultBatch) -> ResultBatch:
+        if self._others is not None:
+            batch.others = self._told_others = self._others
+            self._others = None
+        return batch

@@ -171,13 +171,15 @@ class TaskBatch(_message.Message):
     def __init__(self, tasks: _Optional[_Iterable[_Union[Task, _Mapping]]] = ..., cancel: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class ResultBatch(_message.Message):
-    __slots__ = ("results", "started", "pace_us", "wants")
+    __slots__ = ("results", "started", "pace_us", "wants", "others")
     RESULTS_FIELD_NUMBER: _ClassVar[int]
     STARTED_FIELD_NUMBER: _ClassVar[int]
     PACE_US_FIELD_NUMBER: _ClassVar[int]
     WANTS_FIELD_NUMBER: _ClassVar[int]
+    OTHERS_FIELD_NUMBER: _ClassVar[int]
     results: _containers.RepeatedCompositeFieldContainer[Result]
     started: _containers.RepeatedScalarFieldContainer[int]
     pace_us: int
     wants: _containers.RepeatedCompositeFieldContainer[Want]
-    def __init__(self, results: _Optional[_Iterable[_Union[Result, _Mapping]]] = ..., started: _Optional[_Iterable[int]] = ..., pace_us: _Optional[int] = ..., wants: _Optional[_Iterable[_Union[Want, _Mapping]]] = ...) -> None: ...
+    others: int
+    def __init__(self, results: _Optional[_Iterable[_Union[Result, _Mapping]]] = ..., started: _Optional[_Iterable[int]] = ..., pace_us: _Optional[int] = ..., wants: _Optional[_Iterable[_Union[Want, _Mapping]]] = ..., others: _Optional[int] = ...) -> None: ...
