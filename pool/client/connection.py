@@ -47,7 +47,6 @@ from workers.protocol import auth, codec, segments, transfer
 from workers.protocol.owners import DataOwner
 from workers.protocol.worker_pb2 import FetchRequest, Result, ResultBatch, Want
 from workers.protocol.worker_pb2_grpc import TransfersStub
-from workers.serving import GRPC_OPTIONS
 
 RECONNECT_S: Final = 30.0  # how long a client waits for a restarted dispatcher
 RECONNECT_FIRST_S: Final = 0.05
@@ -247,10 +246,7 @@ class Connection:
         since = time.monotonic() - announcements.LEASE_S
         self._broken = {k: t for k, t in self._broken.items() if t > since}
         target = await self._locator.locate(self._offload, frozenset(self._broken))
-        if target.tls:
-            credentials = await self._offload.run(self._locator.credentials)
-            return aio.secure_channel(target.address, credentials, GRPC_OPTIONS), target
-        return aio.insecure_channel(target.address, options=GRPC_OPTIONS), target
+        return await self._locator.channel(target, self._offload), target
 
     async def _watch(
         self,

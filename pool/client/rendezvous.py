@@ -8,7 +8,8 @@ For clients of other machines, a pool on Redis discovery (``pool up
 --discovery redis://...``) also announces the address in Redis, under a
 lease (:mod:`pool.client.announcements`); several hosts may each run a
 dispatcher of the same pool. A client given the same URL finds them there
-(:class:`Locator`), takes one of them, another when that one goes, and its
+(:class:`Locator`), takes the least loaded of them (:mod:`pool.client.loads`),
+another when that one goes, and its
 token from a file or ``$SHMPOOL_TOKEN``, never from Redis: whoever can read
 Redis must not be able to run code in the pool.
 
@@ -20,16 +21,17 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import random
 from dataclasses import dataclass
 from typing import Final
 
 import grpc
+from grpc import aio
 
 from discovery import owner_pid, paths
 from pool.errors import PoolNotRunning, PoolRefused
 from workers.offload import Offload
 from workers.protocol import auth
+from workers.serving import GRPC_OPTIONS
 
 ADDRESS_FILE: Final = "address"
 DATA_FILE: Final = "data-plane"
@@ -140,9 +142,9 @@ class Locator:
     ) -> Target:
         """The dispatcher to call. This machine's pool is looked up (files
         read, a lock probed) on a thread: ``offload``'s, else asyncio's. Of
-        the dispatchers announced in Redis, one at random (so that clients
-        spread over them), not one whose id is in ``avoid`` while another
-        is announced.
+        the dispatchers announced in Redis, the least loaded by what each
+        answers (:mod:`pool.client.loads`), not one whose id is in
+        ``avoid`` while another is announced.
 
         :raises PoolNotRunning: if no live pool announces it.
         :raises PoolRefused: if there is no token to call it with.
@@ -150,13 +152,30 @@ class Locator:
         if self.discovery_url is None:
             run = offload.run if offload is not None else asyncio.to_thread
             return await run(_here, self.namespace)
-        from pool.client import announcements
+        from pool.client import announcements, loads
 
         try:
             found = await announcements.live(self.discovery_url, self.namespace)
         except announcements.unavailable() as exc:
             raise self._unreachable(exc) from None
-        return self._target([a for a in found if a.id not in avoid] or found)
+        targets = self._targets([a for a in found if a.id not in avoid] or found)
+        return await loads.least_loaded(
+            targets, lambda target: self.channel(target, offload)
+        )
+
+    async def channel(
+        self, target: Target, offload: Offload | None = None
+    ) -> aio.Channel:
+        """A channel to the dispatcher ``target`` (TLS if it serves it, the
+        CA read on ``offload``'s thread, else asyncio's).
+
+        :raises PoolRefused: if the CA file cannot be read.
+        """
+        if target.tls:
+            run = offload.run if offload is not None else asyncio.to_thread
+            credentials = await run(self.credentials)
+            return aio.secure_channel(target.address, credentials, GRPC_OPTIONS)
+        return aio.insecure_channel(target.address, options=GRPC_OPTIONS)
 
     def all_now(self) -> list[Target]:
         """Every dispatcher of the pool: this machine's, or each one
@@ -173,7 +192,7 @@ class Locator:
             found = announcements.live_sync(self.discovery_url, self.namespace)
         except announcements.unavailable() as exc:
             raise self._unreachable(exc) from None
-        return [self._target([where]) for where in found]
+        return self._targets(found)
 
     def locate_now(self) -> Target:
         """:meth:`locate` for code without an event loop."""
@@ -203,19 +222,26 @@ class Locator:
             "check that Redis runs there and that the URL is right",
         )
 
-    def _target(self, found: list[Announced]) -> Target:
+    def _targets(self, found: list[Announced]) -> list[Target]:
+        """The announced dispatchers, as a client calls them.
+
+        :raises PoolNotRunning: if there is none, or one listens on a unix
+            socket of another machine.
+        """
         if not found:
             raise PoolNotRunning(
                 self.namespace, f"no dispatcher is announced in {self.discovery_url}"
             )
-        where = random.choice(found)
-        if where.address.startswith("unix:") and not os.path.exists(where.address[5:]):
-            raise PoolNotRunning(
-                self.namespace,
-                "its dispatcher listens on a unix socket of another machine; "
-                "start the pool with `pool up --host 0.0.0.0`",
-            )
-        return Target(where.address, self._token(), where.tls, id=where.id)
+        for where in found:
+            socket = where.address.removeprefix("unix:")
+            if socket != where.address and not os.path.exists(socket):
+                raise PoolNotRunning(
+                    self.namespace,
+                    "its dispatcher listens on a unix socket of another machine; "
+                    "start the pool with `pool up --host 0.0.0.0`",
+                )
+        token = self._token()
+        return [Target(a.address, token, a.tls, id=a.id) for a in found]
 
     def _token(self) -> str:
         try:

@@ -322,6 +322,40 @@ def test_a_slot_another_dispatcher_filled_is_not_promised_again(
         assert [value(a.result(30)[i]) for i, a in enumerate(answers)] == [0, 1]
 
 
+def test_new_clients_take_the_least_loaded_dispatcher(
+    namespace: str, redis_server: RedisServer, tmp_path: Path
+) -> None:
+    """With a task held in one of two dispatchers, each new client takes
+    the other (by what each answers), not one at random."""
+    hosts = Hosts(namespace, redis_server.url, tmp_path)
+    locator = Locator(namespace, hosts.url, str(hosts.token))
+    gate = tmp_path / "gate"
+    with (
+        hosts.dispatcher("a"),
+        hosts.dispatcher("b"),
+        hosts.workers(2),
+        hosts.client() as first,
+        ExitStack() as others,
+    ):
+        held = first.submit(sample_tasks.gated, str(gate), 1)
+        try:
+            wait_until(lambda: len(_sent(locator)) == 1, 30)
+            [busy] = _sent(locator)
+            for _ in range(3):
+                client = others.enter_context(hosts.client())
+                assert client.submit(sample_tasks.square, 3).result(30) == 9
+            clients = {
+                t.address: view.clients
+                for t in locator.all_now()
+                if (view := ask_dispatcher(locator, t)) is not None
+            }
+            assert [n for a, n in clients.items() if a != busy] == [3]
+            assert clients[busy] == 1
+        finally:
+            gate.touch()
+        assert held.result(30) == 1
+
+
 def _linked(locator: Locator, target: Target) -> int:
     """How many workers the dispatcher ``target`` links."""
     view = ask_dispatcher(locator, target)

@@ -1,0 +1,60 @@
+"""Which of a pool's dispatchers a client takes: the least loaded, by what
+each answers now (:func:`least_loaded`).
+
+A pool on Redis may have a dispatcher on each of several hosts
+(:mod:`pool.client.announcements`). A client asks each one's
+``ListWorkers``, all at once and for at most :data:`ASK_TIMEOUT_S`, and
+takes the one with the fewest tasks (queued, and sent to workers), then
+the fewest clients; ties go at random, so that clients that start together
+spread. One that does not answer in time (dead, hung, unreachable) is
+taken only if none answers. Called by
+:meth:`~pool.client.rendezvous.Locator.locate` each time a client
+connects; no state.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import random
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Final
+
+from grpc import aio
+
+from pool import dispatcher_pb2_grpc
+from pool.client.rendezvous import Target
+from pool.dispatcher_pb2 import ListWorkersRequest
+from workers.protocol import auth
+
+ASK_TIMEOUT_S: Final = 0.5  # a dispatcher that answers slower is passed over
+
+Load = tuple[float, float]  # (tasks, clients): the smaller, the less loaded
+Channel = Callable[[Target], Awaitable[aio.Channel]]
+
+
+async def least_loaded(targets: Sequence[Target], channel: Channel) -> Target:
+    """Of ``targets`` (at least one), the least loaded; see the module
+    docstring. ``channel`` opens a channel to a dispatcher."""
+    if len(targets) == 1:
+        return targets[0]
+    shuffled = random.sample(list(targets), len(targets))
+    loads = await asyncio.gather(*(_load(t, channel) for t in shuffled))
+    return shuffled[min(range(len(shuffled)), key=loads.__getitem__)]
+
+
+async def _load(target: Target, channel: Channel) -> Load:
+    """What the dispatcher ``target`` holds, or infinite if it does not say
+    within :data:`ASK_TIMEOUT_S`."""
+    try:
+        async with await channel(target) as opened:
+            stub = dispatcher_pb2_grpc.DispatcherStub(opened)  # type: ignore[no-untyped-call]
+            reply = await stub.ListWorkers(
+                ListWorkersRequest(),
+                metadata=auth.call_metadata(target.token),
+                timeout=ASK_TIMEOUT_S,
+            )
+    except (aio.AioRpcError, OSError):
+        return math.inf, math.inf
+    tasks = reply.queued + sum(state.in_flight for state in reply.workers)
+    return float(tasks), float(reply.clients)
