@@ -13,10 +13,12 @@ import uuid
 from collections.abc import Callable, Iterator
 from multiprocessing import resource_tracker
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from discovery import paths
+from tests.browser import CHROMIUM, launch
 from tests.helpers import children_of
 from tests.pools import processes_mentioning
 from tests.redis_server import RedisServer
@@ -97,3 +99,18 @@ def redis_server() -> Iterator[RedisServer]:
         yield server
     finally:
         server.close()
+
+
+@pytest.fixture
+def browser() -> Iterator[Any]:
+    """A headless Chromium (Debian's, driven by Playwright)."""
+    if not os.path.exists(CHROMIUM):
+        pytest.skip(f"no Chromium at {CHROMIUM} (.ci/run installs Debian's)")
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as playwright:
+        browser = launch(playwright)
+        try:
+            yield browser
+        finally:
+            browser.close()

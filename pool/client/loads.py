@@ -9,7 +9,7 @@ the fewest clients; ties go at random, so that clients that start together
 spread. One that does not answer in time (dead, hung, unreachable) is
 taken only if none answers. Called by
 :meth:`~pool.client.rendezvous.Locator.locate` each time a client
-connects; no state.
+connects, and (:func:`ask`) by the dashboard; no state.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from grpc import aio
 
 from pool import dispatcher_pb2_grpc
 from pool.client.rendezvous import Target
-from pool.dispatcher_pb2 import ListWorkersRequest
+from pool.dispatcher_pb2 import ListWorkersReply, ListWorkersRequest
 from workers.protocol import auth
 
 ASK_TIMEOUT_S: Final = 0.5  # a dispatcher that answers slower is passed over
@@ -39,22 +39,33 @@ async def least_loaded(targets: Sequence[Target], channel: Channel) -> Target:
     if len(targets) == 1:
         return targets[0]
     shuffled = random.sample(list(targets), len(targets))
-    loads = await asyncio.gather(*(_load(t, channel) for t in shuffled))
+    replies = await asyncio.gather(*(ask(t, channel) for t in shuffled))
+    loads = [_load(reply) for reply in replies]
     return shuffled[min(range(len(shuffled)), key=loads.__getitem__)]
 
 
-async def _load(target: Target, channel: Channel) -> Load:
-    """What the dispatcher ``target`` holds, or infinite if it does not say
-    within :data:`ASK_TIMEOUT_S`."""
+async def ask(target: Target, channel: Channel) -> ListWorkersReply | None:
+    """What the dispatcher ``target`` answers (``ListWorkers``), or None if
+    it does not within :data:`ASK_TIMEOUT_S`."""
     try:
         async with await channel(target) as opened:
             stub = dispatcher_pb2_grpc.DispatcherStub(opened)  # type: ignore[no-untyped-call]
-            reply = await stub.ListWorkers(
+            reply: ListWorkersReply = await stub.ListWorkers(
                 ListWorkersRequest(),
                 metadata=auth.call_metadata(target.token),
                 timeout=ASK_TIMEOUT_S,
             )
+            return reply
     except (aio.AioRpcError, OSError):
+        return None
+
+
+def sent(reply: ListWorkersReply) -> int:
+    """The tasks a dispatcher has sent to workers, unanswered."""
+    return sum(state.in_flight for state in reply.workers)
+
+
+def _load(reply: ListWorkersReply | None) -> Load:
+    if reply is None:
         return math.inf, math.inf
-    tasks = reply.queued + sum(state.in_flight for state in reply.workers)
-    return float(tasks), float(reply.clients)
+    return float(reply.queued + sent(reply)), float(reply.clients)

@@ -89,7 +89,7 @@ class Supervisor:
         on_ready: Callable[[], None] | None = None,
     ) -> None:
         self.settings = settings
-        self.dashboard = dashboard_for(settings.namespace, settings.dashboard)
+        self.dashboard = dashboard_for(settings)
         self.view = Tee(view, self.dashboard.board) if self.dashboard else view
         self._on_ready = on_ready
         self.address = ""  # the dispatcher's, for this machine's clients
@@ -183,7 +183,7 @@ class Supervisor:
             given = auth.token_for(namespace, token_file)
         token = auth.create_token(namespace, given)
         if self.dashboard is not None:
-            await self.dashboard.start(token)
+            await self.dashboard.start(token, here=lambda: self.remote.address)
         self._parent_fd = os.pidfd_open(os.getpid())
 
     async def _warm(self, zygote: Zygote) -> None:

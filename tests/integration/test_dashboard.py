@@ -15,14 +15,12 @@ import signal
 import socket
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from pool import Client, Pool
-from tests.browser import CHROMIUM, launch
 from tests.helpers import ROOT, wait_until
 from tests.pools import (
     dashboard_url,
@@ -35,20 +33,6 @@ from tests.pools import (
 pytestmark = pytest.mark.integration
 
 ARTIFACTS = Path(os.environ.get("SHMPOOL_ARTIFACTS", ROOT / "test-artifacts"))
-
-
-@pytest.fixture
-def browser() -> Iterator[Any]:
-    if not os.path.exists(CHROMIUM):
-        pytest.skip(f"no Chromium at {CHROMIUM} (.ci/run installs Debian's)")
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as playwright:
-        browser = launch(playwright)
-        try:
-            yield browser
-        finally:
-            browser.close()
 
 
 @pytest.mark.timeout(180)

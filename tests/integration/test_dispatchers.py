@@ -16,6 +16,7 @@ from collections.abc import Iterator
 from concurrent.futures import CancelledError, Future, ThreadPoolExecutor
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -25,8 +26,9 @@ from pool.client.announcements import live_sync
 from pool.client.rendezvous import Locator, Target
 from tests import sample_tasks
 from tests.helpers import wait_until
+from tests.integration.test_dashboard import ARTIFACTS
 from tests.integration.test_redis_pool import remote_worker
-from tests.pools import RunningPool, pool_command, running_pool
+from tests.pools import RunningPool, dashboard_url, pool_command, running_pool
 from tests.redis_server import RedisServer
 from tests.rpc import call, submit_to, value
 from workers.protocol.worker_pb2 import Task
@@ -47,14 +49,15 @@ class Hosts:
         self.token.chmod(0o600)
 
     @contextmanager
-    def dispatcher(self, name: str) -> Iterator[RunningPool]:
-        """`pool up --workers 0` on the host ``name``, its dispatcher on TCP."""
+    def dispatcher(self, name: str, *options: str) -> Iterator[RunningPool]:
+        """`pool up --workers 0` on the host ``name``, its dispatcher on TCP,
+        started with ``options`` too."""
         runtime = self._tmp / name
         runtime.mkdir(mode=0o700)
         with running_pool(
             self.namespace,
             *("--workers", "0", "--discovery", self.url, "--host", "127.0.0.1"),
-            *("--token-file", str(self.token)),
+            *("--token-file", str(self.token), *options),
             runtime_dir=runtime,
         ) as pool:
             yield pool
@@ -354,6 +357,35 @@ def test_new_clients_take_the_least_loaded_dispatcher(
         finally:
             gate.touch()
         assert held.result(30) == 1
+
+
+def test_the_dashboard_shows_every_dispatcher(
+    namespace: str, redis_server: RedisServer, tmp_path: Path, browser: Any
+) -> None:
+    """Host a's dashboard, in a real browser, lists both dispatchers (its
+    own marked), each one's clients; host b's once it is killed shows no
+    answer, then goes once its lease runs out. A screenshot is kept."""
+    hosts = Hosts(namespace, redis_server.url, tmp_path)
+    with (
+        hosts.dispatcher("a", "--dashboard", "127.0.0.1:0") as first,
+        hosts.dispatcher("b") as second,
+        hosts.workers(1),
+        hosts.client() as client,
+    ):
+        assert client.submit(sample_tasks.square, 3).result(30) == 9
+        page = browser.new_page(viewport={"width": 1280, "height": 900})
+        page.goto(dashboard_url(first))
+        rows = page.locator("#dispatchers tbody tr")
+        wait_until(lambda: rows.count() == 2, 30)
+        page.wait_for_selector("#dispatchers td .here >> text=this host")
+        cells = "[...document.querySelectorAll('#dispatchers tbody tr')]"
+        clients = f"{cells}.map(r => r.cells[1].textContent).sort().join()"
+        page.wait_for_function(f"{clients} === '0,1'")
+        ARTIFACTS.mkdir(parents=True, exist_ok=True)
+        page.screenshot(path=str(ARTIFACTS / "dashboard-dispatchers.png"))
+        _kill_host(second)
+        page.wait_for_selector("#dispatchers tr.gone >> text=no answer")
+        wait_until(lambda: rows.count() == 1, 30)
 
 
 def _linked(locator: Locator, target: Target) -> int:

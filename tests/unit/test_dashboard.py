@@ -275,3 +275,26 @@ def test_a_map_is_a_row_of_its_calls_done_until_a_while_after_its_end() -> None:
     board.sample(now=2.0 + MAP_KEEP_S + 1)
     assert board.maps == {}
     assert "c/1" in board.take_changes()["maps_removed"]  # type: ignore[index]
+
+
+def test_the_dispatchers_are_sent_when_they_change() -> None:
+    """A pool on Redis shows each of its dispatchers: a page that connects
+    gets them; the others get them once when they change, not each poll."""
+    board = Board("ns")
+    assert board.snapshot()["dispatchers"] is None  # (one's own only: hidden)
+    rows = [
+        {
+            "address": "10.0.0.5:7070",
+            "here": True,
+            "clients": 2,
+            "queued": 0,
+            "sent": 3,
+        },
+        {"address": "10.0.0.6:7070", "here": False, "clients": None},
+    ]
+    board.dispatchers(rows)
+    changes = board.take_changes()
+    assert changes is not None and changes["dispatchers"] == rows
+    board.dispatchers([dict(row) for row in rows])  # (the next poll: the same)
+    assert board.take_changes() is None
+    assert board.snapshot()["dispatchers"] == rows

@@ -16,6 +16,7 @@ terminal) and takes the dispatcher's reports
   the dispatcher, so that a fast stream of tasks is few bars);
 - each running ``map``'s calls done of its total (at most :data:`MAX_MAPS`;
   a finished one stays :data:`MAP_KEEP_S`);
+- on Redis, a row per dispatcher of the pool (:mod:`.dispatchers`);
 - the totals that ``/metrics`` exports (:mod:`.metrics`), kept monotonic
   across a restarted dispatcher, whose own counts start again at 0.
 
@@ -84,6 +85,9 @@ class Board:
         self.lanes: dict[str, dict[str, Any]] = {}  # lane key -> uid, pid, slot
         self.maps: dict[str, dict[str, Any]] = {}  # map id -> its row
         self.queued: int | None = None
+        # Every dispatcher of a pool on Redis (:mod:`.dispatchers`); None:
+        # this pool has only its own.
+        self.dispatcher_rows: list[dict[str, Any]] | None = None
         self.running = 0
         self.restarts = 0
         self.outcomes = dict.fromkeys(OUTCOMES, 0)
@@ -134,6 +138,12 @@ class Board:
         line = output_line(name, pid, plain)
         self.lines.append(line)
         self._changes["output"].append(line)
+
+    def dispatchers(self, rows: list[dict[str, Any]]) -> None:
+        """Every dispatcher of the pool, as :mod:`.dispatchers` saw them."""
+        if rows != self.dispatcher_rows:
+            self.dispatcher_rows = rows
+            self._changes["dispatchers"] = rows
 
     def tick(self, queued: int | None) -> None:
         pass  # (the dispatcher's reports say its queue)
@@ -239,6 +249,7 @@ class Board:
             "output": list(self.lines),
             "failures": list(self.failures),
             "maps": self.maps,
+            "dispatchers": self.dispatcher_rows,
         }
 
     def take_changes(self) -> dict[str, Any] | None:
@@ -355,6 +366,7 @@ def _empty() -> dict[str, Any]:
         "failures": deque(maxlen=MAX_FAILURES),
         "maps": {},
         "maps_removed": [],
+        "dispatchers": None,  # (unchanged)
     }
 
 

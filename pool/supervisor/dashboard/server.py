@@ -25,13 +25,15 @@ import asyncio
 import contextlib
 import hmac
 import json
+from collections.abc import Callable
 from importlib import resources
 from typing import Any, Final
 
 from aiohttp import web
 from aiohttp.typedefs import Handler
 
-from pool.supervisor.dashboard import is_loopback
+from pool.client.rendezvous import Locator
+from pool.supervisor.dashboard import dispatchers, is_loopback
 from pool.supervisor.dashboard.board import Board
 from pool.supervisor.dashboard.metrics import Metrics
 
@@ -59,24 +61,34 @@ class Dashboard:
 
     :param needs_token: whether every request must give the pool's token
         (not on loopback).
+    :param remote: how to find the dispatchers of a pool on Redis: each is
+        shown (:mod:`.dispatchers`).
     """
 
     def __init__(
-        self, board: Board, metrics: Metrics, host: str, port: int, needs_token: bool
+        self,
+        board: Board,
+        metrics: Metrics,
+        host: str,
+        port: int,
+        needs_token: bool,
+        *,
+        remote: Locator | None = None,
     ) -> None:
-        self.board, self.metrics = board, metrics
+        self.board, self.metrics, self._remote = board, metrics, remote
         self._host, self._port, self._needs_token = host, port, needs_token
         self._token: str | None = None
         self._pages: set[asyncio.Queue[bytes | None]] = set()
         self._joining: list[asyncio.Queue[bytes | None]] = []  # want a snapshot
         self._stack = contextlib.AsyncExitStack()
-        self._pushing: asyncio.Task[None] | None = None
+        self._tasks: list[asyncio.Task[None]] = []  # (in the stack's group)
         self.url = ""
 
-    async def start(self, token: str) -> str:
+    async def start(self, token: str, here: Callable[[], str] = str) -> str:
         """Listen, and push changes to pages from now on; the page's URL.
 
         :param token: the pool's (asked of every request if ``needs_token``).
+        :param here: this host's dispatcher's announced address (on Redis).
         :raises DashboardUnavailable: if it cannot listen there.
         """
         self._token = token if self._needs_token else None
@@ -99,13 +111,16 @@ class Dashboard:
         host = f"[{self._host}]" if ":" in self._host else self._host
         self.url = f"http://{host}:{port}/"
         group = await self._stack.enter_async_context(asyncio.TaskGroup())
-        self._pushing = group.create_task(self._push())
+        self._tasks.append(group.create_task(self._push()))
+        if self._remote is not None:
+            watching = dispatchers.watch(self.board, self._remote, token, here)
+            self._tasks.append(group.create_task(watching))
         return self.url
 
     async def aclose(self) -> None:
         """End every page's stream, then the server."""
-        if self._pushing is not None:
-            self._pushing.cancel()
+        for task in self._tasks:
+            task.cancel()
         for page in [*self._pages, *self._joining]:
             _disconnect(page)
         await self._stack.aclose()

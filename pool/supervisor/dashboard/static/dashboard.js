@@ -9,7 +9,7 @@ const ROW_PX = 14;
 const PALETTE = ["#0969da", "#8250df", "#1f883d", "#bf8700", "#d1242f", "#1b7c83",
   "#953800", "#6e7781", "#a475f9", "#4ac26b", "#e16f24", "#218bff"];
 const state = { header: {}, workers: {}, lanes: {}, bars: [], series: [], events: [],
-  output: [], failures: [], maps: {} };
+  output: [], failures: [], maps: {}, dispatchers: null };
 let skewMs = 0;  // the server's clock minus ours, from its series points
 let drawPending = false;
 // How long drawing takes (read by benchmarks/dashboard.py).
@@ -38,6 +38,7 @@ function onChanges(changes) {
   for (const key of ["bars", "series", "events", "output", "failures"]) {
     keep(state[key], changes[key], LIMITS[key]);
   }
+  if (changes.dispatchers) state.dispatchers = changes.dispatchers;
   state.header = changes.header;
   settleClock();
   schedule();
@@ -59,6 +60,7 @@ function render() {
   const started = performance.now();
   renderHeader();
   renderWorkers();
+  renderDispatchers();
   renderMaps();
   drawStream();
   drawSeries();
@@ -127,6 +129,28 @@ function renderWorkers() {
     cell(tr, w.rss_mb === null ? "–" : `${fmt(w.rss_mb)} MB`, "n");
     cell(tr, w.cpu === null ? "–" : `${fmt(w.cpu)} %`, "n opt");
     cell(tr, w.last_ms === null ? "–" : `${fmt(w.last_ms, 1)} ms`, "n opt");
+  }
+}
+
+function renderDispatchers() {
+  const rows = state.dispatchers;
+  $("dispatchers-box").hidden = !rows;
+  if (!rows) return;
+  const body = $("dispatchers").tBodies[0];
+  body.replaceChildren();
+  for (const d of rows) {
+    const tr = body.insertRow();
+    if (d.clients === null) tr.className = "gone";
+    const where = cell(tr, d.address);
+    if (d.here) {
+      const mark = document.createElement("span");
+      mark.className = "here";
+      mark.textContent = "this host";
+      where.append(" ", mark);
+    }
+    cell(tr, d.clients === null ? "no answer" : fmt(d.clients), "n");
+    cell(tr, fmt(d.queued), "n");
+    cell(tr, fmt(d.sent), "n");
   }
 }
 
