@@ -43,9 +43,17 @@ SLEEP_S = 0.02
 
 
 class Hosts:
-    """Two dispatchers' hosts and four workers, on one Redis."""
+    """Two dispatchers' hosts and ``workers`` workers (each running
+    ``concurrency`` tasks at once), on one Redis."""
 
-    def __init__(self, stack: ExitStack, url: str, root: Path) -> None:
+    def __init__(
+        self,
+        stack: ExitStack,
+        url: str,
+        root: Path,
+        workers: int = 4,
+        concurrency: int = 2,
+    ) -> None:
         self.url, self.root, self.serial = url, root, 0
         self.ports: dict[RunningPool, int] = {}
         self.token = root / "token"
@@ -53,10 +61,11 @@ class Hosts:
         self.token.chmod(0o600)
         self.pools = [self.start(), self.start()]
         stack.callback(self.close)
-        for i in range(4):
+        for i in range(workers):
             worker = python_module(
-                *("workers", "-n", NAMESPACE, "--discovery", url, "--concurrency", "2"),
-                *("--host", f"127.0.0.{2 + i}", "--token-file", str(self.token)),
+                *("workers", "-n", NAMESPACE, "--discovery", url),
+                *("--concurrency", str(concurrency), "--host", f"127.0.0.{2 + i}"),
+                *("--token-file", str(self.token)),
             )
             stack.callback(worker.wait, 30)
             stack.callback(worker.terminate)
