@@ -359,6 +359,42 @@ def test_new_clients_take_the_least_loaded_dispatcher(
         assert held.result(30) == 1
 
 
+def test_tasks_run_on_through_both_dispatchers_while_redis_is_down(
+    namespace: str, redis_server: RedisServer, tmp_path: Path
+) -> None:
+    """Redis stops with a client on each of two dispatchers: tasks submitted
+    while it is down, for longer than a lease, all come back with their
+    values (neither client hangs up on its dispatcher, whose announcement
+    it cannot read); once Redis is back, with its data lost, both
+    dispatchers are announced again and both clients go on."""
+    hosts = Hosts(namespace, redis_server.url, tmp_path)
+    locator = Locator(namespace, hosts.url, str(hosts.token))
+    with (
+        hosts.dispatcher("a"),
+        hosts.dispatcher("b"),
+        hosts.workers(2, "--concurrency", "1"),
+        hosts.client() as first,
+        hosts.client() as second,
+    ):
+        for client in (first, second):  # (the second takes the other one)
+            assert client.submit(sample_tasks.square, 3).result(30) == 9
+        clients = [
+            v.clients for t in locator.all_now() if (v := ask_dispatcher(locator, t))
+        ]
+        assert clients == [1, 1]
+        redis_server.stop()
+        try:
+            # 12 s of naps on 2 slots: Redis stays down past a lease (3 s)
+            naps = [0.1 + i * 1e-6 for i in range(60)]  # (each a value of its own)
+            maps = [c.map(sample_tasks.nap, naps, chunksize=1) for c in (first, second)]
+            assert [list(m) for m in maps] == [naps, naps]
+        finally:
+            redis_server.start()
+        wait_until(lambda: len(live_sync(hosts.url, namespace)) == 2, 30)
+        for client in (first, second):
+            assert client.submit(sample_tasks.square, 4).result(30) == 16
+
+
 def test_the_dashboard_shows_every_dispatcher(
     namespace: str, redis_server: RedisServer, tmp_path: Path, browser: Any
 ) -> None:
