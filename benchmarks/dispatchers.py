@@ -1,6 +1,6 @@
 """A client whose dispatcher goes, with two dispatchers of one pool on Redis.
 
-    python -m benchmarks.dispatchers [--repeats 20] [--victim kill|stop]
+    python -m benchmarks.dispatchers [--repeats 20] [--victim kill|stop|failover]
 
 Its own ``redis-server`` on loopback; two ``pool up --workers 0`` in
 runtime directories of their own (two "hosts"); 4 workers (``python -m
@@ -9,7 +9,10 @@ client (of a third "machine": ``discovery_url``) submits ``--tasks``
 tasks of 20 ms and, once 20 have come back, the host of the dispatcher
 it uses (the one that has its tasks) is SIGKILLed (``--victim kill``:
 supervisor and dispatcher) or SIGSTOPped (``stop``: a hang), and started
-again for the next repeat. Beside it, in the same repeat, the same
+again for the next repeat; or (``failover``, on two redis-servers and
+three Sentinels) Redis' primary is SIGKILLed and the Sentinels promote its
+replica, and then a worker started after the failover is timed until both
+dispatchers link it. Beside it, in the same repeat, the same
 tasks with no victim. Per repeat: tasks lost (not back with their own
 value), and how much the longest wait for a task (submit to result)
 grew over the same run's without a victim. Target: 0 lost, and growth at
@@ -34,9 +37,9 @@ from pool import Client
 from pool.cli.inspect import ask_dispatcher
 from pool.client.rendezvous import Locator
 from tests import sample_tasks
-from tests.helpers import LineReader, python_module
+from tests.helpers import LineReader, python_module, wait_until
 from tests.pools import RunningPool
-from tests.redis_server import RedisServer, free_port
+from tests.redis_server import RedisServer, SentinelSet, free_port
 
 NAMESPACE = "bench-dispatchers"
 SLEEP_S = 0.02
@@ -61,6 +64,7 @@ class Hosts:
         self.token.chmod(0o600)
         self.pools = [self.start(), self.start()]
         stack.callback(self.close)
+        self.workers = []
         for i in range(workers):
             worker = python_module(
                 *("workers", "-n", NAMESPACE, "--discovery", url),
@@ -70,6 +74,7 @@ class Hosts:
             stack.callback(worker.wait, 30)
             stack.callback(worker.terminate)
             LineReader(worker.stdout).wait_for("READY ", 30)
+            self.workers.append(worker)
         self.locator = Locator(NAMESPACE, url, str(self.token))
 
     def close(self) -> None:
@@ -112,8 +117,68 @@ class Hosts:
         self.pools[self.pools.index(victim)] = self.start()
 
 
-def run(hosts: Hosts, tasks: int, victim: str | None) -> tuple[int, float]:
-    """Tasks lost, and the longest wait for one (s), with ``victim``."""
+class HostDown:
+    """``--victim kill`` or ``stop``: the host of the client's dispatcher."""
+
+    def __init__(self, hosts: Hosts, how: str) -> None:
+        self.hosts, self.how = hosts, how
+        self.victim: RunningPool | None = None
+
+    def hit(self) -> None:
+        self.victim = self.hosts.busy()
+        self.hosts.hit(self.victim, self.how)
+
+    def heal(self) -> str:
+        assert self.victim is not None
+        self.hosts.replace(self.victim)
+        return ""
+
+
+class PrimaryDown:
+    """``--victim failover``: Redis' primary, which the Sentinels replace
+    with its replica; then a worker started after the failover is timed
+    until both dispatchers have linked it, and the old primary comes back
+    as the new one's replica (for the next repeat's failover)."""
+
+    def __init__(self, hosts: Hosts, sentinels: SentinelSet) -> None:
+        self.hosts, self.sentinels = hosts, sentinels
+
+    def hit(self) -> None:
+        self.sentinels.kill_primary()
+
+    def heal(self) -> str:
+        sets = self.sentinels
+        sets.wait_failover()
+        started = time.monotonic()
+        worker = python_module(
+            *("workers", "-n", NAMESPACE, "--discovery", self.hosts.url),
+            *("--host", "127.0.0.50", "--token-file", str(self.hosts.token)),
+        )
+        try:
+            LineReader(worker.stdout).wait_for("READY ", 30)
+            wait_until(lambda: self._linked() == [len(self.hosts.workers) + 1] * 2, 30)
+            found = time.monotonic() - started
+        finally:
+            worker.terminate()
+            worker.wait(30)
+        sets.primary.start("--replicaof", "127.0.0.1", str(sets.replica.port))
+        sets.primary, sets.replica = sets.replica, sets.primary
+        return f", a worker started after it linked by both in {found:.2f} s"
+
+    def _linked(self) -> list[int]:
+        """How many workers each dispatcher links."""
+        views = (
+            ask_dispatcher(self.hosts.locator, t) for t in self.hosts.locator.all_now()
+        )
+        return [len(view.in_flight) for view in views if view is not None]
+
+
+Victim = HostDown | PrimaryDown
+
+
+def run(hosts: Hosts, tasks: int, victim: Victim | None) -> tuple[int, float, str]:
+    """Tasks lost, the longest wait for one (s), and what the victim's
+    healing saw, with ``victim`` hit once 20 tasks are back."""
     with Client(NAMESPACE, discovery_url=hosts.url, token_file=str(hosts.token)) as c:
         c.submit(sample_tasks.square, 1).result(30)  # (connected)
         submitted = time.monotonic()
@@ -121,7 +186,7 @@ def run(hosts: Hosts, tasks: int, victim: str | None) -> tuple[int, float]:
             c.submit(sample_tasks.nap, SLEEP_S + i * 1e-9) for i in range(tasks)
         ]
         waits: list[float] = []
-        lost, hit = 0, None
+        lost = 0
         for i, future in enumerate(futures):
             try:
                 value = future.result(60)
@@ -129,30 +194,35 @@ def run(hosts: Hosts, tasks: int, victim: str | None) -> tuple[int, float]:
                 value = None
             waits.append(time.monotonic() - submitted)
             lost += value != SLEEP_S + i * 1e-9
-            if victim and i == 20:
-                hit = hosts.busy()
-                hosts.hit(hit, victim)
-        if hit is not None:
-            hosts.replace(hit)
-    return lost, max(waits)
+            if victim is not None and i == 20:
+                victim.hit()
+        note = victim.heal() if victim is not None else ""
+    return lost, max(waits), note
 
 
-def main(repeats: int, tasks: int, victim: str) -> None:
-    server = RedisServer()
+def main(repeats: int, tasks: int, how: str) -> None:
+    server: RedisServer | SentinelSet = (
+        SentinelSet() if how == "failover" else RedisServer()
+    )
     with ExitStack() as stack, tempfile.TemporaryDirectory() as root:
         server.start()
         stack.callback(server.close)
         hosts = Hosts(stack, server.url, Path(root))
+        victim = (
+            PrimaryDown(hosts, server)
+            if isinstance(server, SentinelSet)
+            else HostDown(hosts, how)
+        )
         rows = []
         for repeat in range(repeats):
-            _, calm = run(hosts, tasks, None)
-            lost, hurt = run(hosts, tasks, victim)
+            _, calm, _ = run(hosts, tasks, None)
+            lost, hurt, note = run(hosts, tasks, victim)
             rows.append((lost, hurt - calm))
-            growth = hurt - calm
-            print(f"repeat {repeat + 1}: lost {lost}, longest wait +{growth:.2f} s")
+            growth = f"+{hurt - calm:.2f} s"
+            print(f"repeat {repeat + 1}: lost {lost}, longest wait {growth}{note}")
     grew = [g for _, g in rows]
     print(
-        f"victim={victim} repeats={repeats} tasks={tasks}: "
+        f"victim={how} repeats={repeats} tasks={tasks}: "
         f"lost {sum(r[0] for r in rows)}; longest wait grew median "
         f"{statistics.median(grew):.2f} s, max {max(grew):.2f} s "
         "(target: at most the 3 s lease)"
@@ -163,6 +233,8 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--repeats", type=int, default=20)
     parser.add_argument("--tasks", type=int, default=200)
-    parser.add_argument("--victim", choices=["kill", "stop"], default="kill")
+    parser.add_argument(
+        "--victim", choices=["kill", "stop", "failover"], default="kill"
+    )
     args = parser.parse_args()
     main(args.repeats, args.tasks, args.victim)
