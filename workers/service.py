@@ -65,6 +65,14 @@ _ALL_STUCK: Final = (
 )
 
 
+def _check(concurrency: int, max_args_bytes: int) -> None:
+    """:raises ValueError: for a bad argument of :class:`WorkerService`."""
+    if concurrency < 1:
+        raise ValueError(f"concurrency must be at least 1, got {concurrency}")
+    if max_args_bytes < 0:
+        raise ValueError(f"max_args_bytes must be 0 or more, got {max_args_bytes}")
+
+
 Requests = AsyncIterator[TaskBatch]
 Context = aio.ServicerContext[TaskBatch, ResultBatch]
 
@@ -90,10 +98,7 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
         limits: Limits | None = None,
         writer: DataOwner | None = None,
     ) -> None:
-        if concurrency < 1:
-            raise ValueError(f"concurrency must be at least 1, got {concurrency}")
-        if max_args_bytes < 0:
-            raise ValueError(f"max_args_bytes must be 0 or more, got {max_args_bytes}")
+        _check(concurrency, max_args_bytes)
         self.concurrency = concurrency
         self._max_args_bytes = max_args_bytes
         self._writer = writer
@@ -102,32 +107,30 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
         self._loop = asyncio.get_running_loop()
         self._on_change = on_change
         self._offload = Offload("offload")  # imports, large arguments
+        run = functools.partial(tasks.run_plain, max_args_bytes=max_args_bytes)
         self._slots = SlotThreads(
             concurrency,
             self._loop,
             self.limits,
             take_news=self._take_news,
-            run=functools.partial(
-                tasks.run_plain, max_args_bytes=max_args_bytes, writer=writer
-            ),
+            run=functools.partial(run, writer=writer),
             refuse=self._refuse_held,
             retire=self.retire,
         )
         self._claim = self._slots.claim  # (the loop decides against the threads)
         self._streams: set[Stream] = set()
         self._sharing = False  # a second stream came: tell each the others'
-        self._idle = asyncio.Event()  # (set below: nothing runs yet)
+        self._idle = asyncio.Event()
+        self._idle.set()  # (nothing runs yet)
         self.draining = False
         self._ending = False  # end_streams was called
         self.running = 0  # tasks taken and not answered
         self.active = 0  # of those, the ones started (reported so)
         self.stuck = 0  # slot threads still running a task already answered
-        # Set whenever ``stuck`` changes: the worker's capacity follows it,
-        # and is published at once.
+        # Set whenever ``stuck`` changes (capacity follows it, published at once).
         self.stuck_changed = asyncio.Event()
         self.done = self.failed = 0
         self.pace = PaceMeter()  # how long plain tasks run
-        self._idle.set()
 
     @property
     def free_threads(self) -> int:
