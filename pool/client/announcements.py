@@ -5,7 +5,8 @@ A pool on Redis discovery may have several dispatchers, one per host that
 runs ``pool up`` in the namespace. Each supervisor announces its
 dispatcher's address under a lease of its own (:func:`announce`), renewed
 every :data:`RENEW_S` and withdrawn at stop, so a dead or hung host's
-announcement runs out after :data:`LEASE_S`. Two keys per namespace, kept
+announcement runs out after :data:`LEASE_S` (a client leaves it sooner:
+after :data:`STALE_S` without a renewal). Two keys per namespace, kept
 together by Lua scripts: the hash ``shmp:{ns}:dispatchers`` (id to
 :class:`Announced`, JSON) and the sorted set ``shmp:{ns}:dispatcher-leases``
 (id to the lease's end, by Redis's clock). Whoever renews or reads removes
@@ -36,6 +37,9 @@ if TYPE_CHECKING:
 LEASE_S: Final = 3.0
 RENEW_S: Final = 1.0
 WATCH_S: Final = 0.5  # how often a client looks at its dispatcher's lease
+# A client leaves a dispatcher whose lease was not renewed for this long
+# (two renewals missed: its host hung), before the lease runs out.
+STALE_S: Final = 2 * RENEW_S
 
 _NOW: Final = """
 local t = redis.call('TIME')
@@ -55,6 +59,16 @@ redis.call('ZADD', KEYS[2], now + tonumber(ARGV[3]), ARGV[1])
 )
 # KEYS: dispatchers, leases. Returns the live announcements.
 _LIVE: Final = _NOW + "return redis.call('HVALS', KEYS[1])\n"
+# KEYS: dispatchers, leases. Returns Redis's time (ms) and each live
+# announcement's id and lease end, flat: [now, id, end, id, end, ...].
+_ENDS: Final = (
+    _NOW
+    + """
+local ends = redis.call('ZRANGE', KEYS[2], 0, -1, 'WITHSCORES')
+table.insert(ends, 1, now)
+return ends
+"""
+)
 
 
 def unavailable() -> tuple[type[BaseException], ...]:
@@ -149,12 +163,13 @@ def _decoded(found: Any) -> list[Announced]:
 
 
 async def until_withdrawn(url: str, namespace: str, ident: str) -> None:
-    """Return once the dispatcher ``ident`` is announced no more (its host
-    died, hung or stopped) and another is: there is somewhere else to go.
-    Looked for every :data:`WATCH_S`. While Redis does not answer, and for
-    a lease after it answers again (a restart or a failover may have lost
-    every announcement, or let them run out: their hosts renew them), it
-    is taken to be there still."""
+    """Return once the dispatcher ``ident`` is gone (its host died or
+    stopped: no longer announced; or hung: its lease not renewed for
+    :data:`STALE_S`) and another is there, renewed: there is somewhere else
+    to go. Looked for every :data:`WATCH_S`. While Redis does not answer,
+    and for a lease after it answers again (a restart or a failover may have
+    lost every announcement, or let them run out: their hosts renew them),
+    it is taken to be there still."""
     from discovery.redis.connecting import connect
 
     gone, client = unavailable(), connect(url)
@@ -163,14 +178,23 @@ async def until_withdrawn(url: str, namespace: str, ident: str) -> None:
         while True:
             await asyncio.sleep(WATCH_S)  # (the look itself)
             try:
-                found = await _live_on(client, namespace)
+                fresh = await _renewed(client, namespace)
             except gone:
                 trusted_from = math.inf
                 continue
             now = time.monotonic()
             trusted_from = min(trusted_from, now + LEASE_S)
-            ids = {announced.id for announced in found}
-            if now >= trusted_from and ids and ident not in ids:
+            if now >= trusted_from and fresh - {ident} and ident not in fresh:
                 return
     finally:
         await client.aclose()
+
+
+async def _renewed(client: aioredis.Redis, namespace: str) -> set[str]:
+    """The ids of the dispatchers whose lease was renewed in the last
+    :data:`STALE_S` (by Redis's clock)."""
+    found = client.eval(_ENDS, 2, *_keys(namespace))
+    now_ms, *pairs = cast(list[Any], await cast(Awaitable[Any], found))
+    renewed_after = int(now_ms) + (LEASE_S - STALE_S) * 1000  # (as a lease end)
+    ends = dict(zip(pairs[::2], pairs[1::2], strict=True))
+    return {i.decode() for i, end in ends.items() if float(end) > renewed_after}

@@ -5,6 +5,7 @@ third machine rides the loss of the dispatcher it uses."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
 import secrets
@@ -21,8 +22,9 @@ import pytest
 
 from pool import Client
 from pool.cli.inspect import ask_dispatcher
+from pool.client import announcements
 from pool.client.announcements import live_sync
-from pool.client.rendezvous import Locator
+from pool.client.rendezvous import Announced, Locator
 from tests import sample_tasks
 from tests.helpers import wait_until
 from tests.integration.test_redis_pool import remote_worker
@@ -274,6 +276,50 @@ def test_tasks_run_on_through_both_dispatchers_while_redis_is_down(
         wait_until(lambda: len(live_sync(hosts.url, namespace)) == 2, 30)
         for client in (first, second):
             assert client.submit(sample_tasks.square, 4).result(30) == 16
+
+
+def test_a_client_leaves_a_dispatcher_that_missed_two_renewals(
+    namespace: str, redis_server: RedisServer
+) -> None:
+    """A dispatcher whose lease runs on but was last renewed more than
+    STALE_S ago (its host hung) is left by a watching client, once another
+    one is renewed; one renewed lately is not left."""
+    import redis
+
+    store = redis.Redis(port=redis_server.port)
+    keys = announcements._keys(namespace)
+    lease_ms = int(announcements.LEASE_S * 1000)
+    stale_ms = int((announcements.STALE_S + 0.5) * 1000)
+    beating = threading.Event()
+
+    def heartbeats() -> None:
+        """Keep "alive" renewed, and "hung" announced as if last renewed
+        STALE_S + 0.5 s ago (its lease always runs another 0.5 s)."""
+        while not beating.is_set():
+            for ident, lease in (("alive", lease_ms), ("hung", lease_ms - stale_ms)):
+                where = Announced("127.0.0.1:1", id=ident).encode()
+                store.eval(announcements._RENEW, 2, *keys, ident, where, lease)
+            beating.wait(0.05)  # (a heartbeat's period, not a wait for an event)
+
+    async def left(ident: str) -> bool:
+        """Whether a client of ``ident`` leaves it within a few looks."""
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(6 * announcements.WATCH_S):
+                await announcements.until_withdrawn(redis_server.url, namespace, ident)
+                return True
+        return False
+
+    beat = threading.Thread(target=heartbeats)
+    beat.start()
+    try:
+        wait_until(lambda: len(live_sync(redis_server.url, namespace)) == 2)
+        assert asyncio.run(left("hung"))
+        assert not asyncio.run(left("alive"))
+    finally:
+        beating.set()
+        beat.join()
+        store.delete(*keys)
+        store.close()
 
 
 def sent_by_dispatcher(locator: Locator) -> dict[str, int]:
