@@ -69,7 +69,7 @@ def test_pool_up_runs_tasks_and_every_command(namespace: str) -> None:
             for line in lines[:8]
         )
         address = pool.ready_line.split("address=")[1].split()[0]
-        assert lines[8] == f"dispatcher address={address} queued=0"
+        assert lines[8] == f"dispatcher address={address} queued=0 clients=0"
 
         with watching(namespace) as watch:
             watch.wait_counts({"worker-added ": 8}, 30)
