@@ -125,11 +125,13 @@ def run_workers(args: argparse.Namespace) -> int:
 
 class DispatcherView(NamedTuple):
     """What one dispatcher answers: what it has sent each worker (by uid),
-    how many tasks wait in it, and how many clients it serves."""
+    how many tasks wait in it, how many clients it serves, and what each
+    worker last said it holds for other dispatchers (by uid)."""
 
     in_flight: dict[str, int]
     queued: int
     clients: int
+    others: dict[str, int]
 
 
 def dispatcher_view(locator: Locator) -> DispatcherView | None:
@@ -167,7 +169,8 @@ def ask_dispatcher(locator: Locator, target: Target) -> DispatcherView | None:
         except grpc.RpcError:
             return None
     in_flight = {str(uuid.UUID(bytes=s.info.uid)): s.in_flight for s in reply.workers}
-    return DispatcherView(in_flight, reply.queued, reply.clients)
+    others = {str(uuid.UUID(bytes=s.info.uid)): s.others for s in reply.workers}
+    return DispatcherView(in_flight, reply.queued, reply.clients, others)
 
 
 def run_watch(args: argparse.Namespace) -> int:

@@ -24,7 +24,7 @@ from pool import Client
 from pool.cli.inspect import ask_dispatcher
 from pool.client import announcements
 from pool.client.announcements import live_sync
-from pool.client.rendezvous import Announced, Locator
+from pool.client.rendezvous import Announced, Locator, Target
 from tests import sample_tasks
 from tests.helpers import wait_until
 from tests.integration.test_redis_pool import remote_worker
@@ -149,10 +149,12 @@ def test_a_client_rides_the_death_of_its_dispatcher(
     dispatcher a client uses is SIGKILLed with 200 tasks in flight (running,
     held by workers, queued); every task finishes with its value, through
     the other dispatcher, which the client calls at once: never the dead
-    one again, though its announcement runs on for a while; only a task
-    that had begun runs again (at least once, as the README says). `pool
-    workers` of a third machine lists both dispatchers while both live."""
+    one again, though its announcement runs on for a while; once the
+    workers have let go of what they held for it, only the tasks that had
+    started run again (at least once, as the README says). `pool workers`
+    of a third machine lists both dispatchers while both live."""
     hosts = Hosts(namespace, redis_server.url, tmp_path)
+    locator = Locator(namespace, hosts.url, str(hosts.token))
     with hosts.dispatcher("a") as first, hosts.workers(4), hosts.client() as client:
         assert client.submit(sample_tasks.square, 3).result(30) == 9  # (through a)
         [dead] = live_sync(hosts.url, namespace)
@@ -171,12 +173,16 @@ def test_a_client_rides_the_death_of_its_dispatcher(
             } == both
             futures, gate = _gated(client, tmp_path)
             kill_host(first)
+            [alive] = [t for t in locator.all_now() if t.address != dead.address]
+            # (once every worker has let go of what it held for the dead one)
+            wait_until(lambda: _held_for_others(locator, alive) == 0, 30)
             began = _runs(tmp_path)  # (none has ended: the gate is shut)
             with counting_calls(dead.address) as calls:
                 gate.touch()
                 assert [f.result(60) for f in futures] == list(range(TASKS))
             assert calls == [0]
-            # At least once: only a task that had begun may run again.
+            # At least once: a task a worker had started for the dead
+            # dispatcher runs again; one it held, never.
             runs = _runs(tmp_path)
             assert set(runs) == set(range(TASKS)) and max(runs.values()) <= 2
             assert {i for i, n in runs.items() if n == 2} <= set(began)
@@ -320,6 +326,13 @@ def test_a_client_leaves_a_dispatcher_that_missed_two_renewals(
         beat.join()
         store.delete(*keys)
         store.close()
+
+
+def _held_for_others(locator: Locator, target: Target) -> int | None:
+    """What the workers last told the dispatcher ``target`` they hold for
+    other dispatchers, in all (None if it does not answer)."""
+    view = ask_dispatcher(locator, target)
+    return None if view is None else sum(view.others.values())
 
 
 def sent_by_dispatcher(locator: Locator) -> dict[str, int]:
