@@ -5,16 +5,10 @@ through shared memory.
 :class:`AsyncClient` use one; :class:`Pool` starts one inside this process.
 """
 
-import os
-
-# gRPC's fork handlers crash children forked while its threads run (seen
-# here as a SIGSEGV in a worker started from a process with a live client);
-# pool processes are forked from the zygote, never from this one. Must
-# precede any grpc import.
-os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "0")
-
 import importlib
 from typing import TYPE_CHECKING, Any
+
+import workers  # noqa: F401  (first: it turns gRPC's fork handlers off)
 
 # Each name is imported from its module on first use (PEP 562): the zygote
 # imports the dispatcher without the clients, the supervisor and rich.

@@ -14,10 +14,10 @@ from discovery import list_workers
 from pool.client.rendezvous import locate
 from pool.dispatcher_pb2 import Submission, SubmissionBatch
 from pool.dispatcher_pb2_grpc import DispatcherStub
+from workers.common.channels import blocking_channel
 from workers.protocol import auth, codec
 from workers.protocol.worker_pb2 import Result, Task, TaskBatch
 from workers.protocol.worker_pb2_grpc import TransfersStub, WorkerStub
-from workers.serving import GRPC_OPTIONS
 
 SQUARE = "tests.sample_tasks:square"
 ASYNC_NAP = "tests.sample_tasks:async_nap"
@@ -43,7 +43,7 @@ def worker_stub(namespace: str) -> Iterator[tuple[WorkerStub, Any]]:
     """A stub of the namespace's first worker and the token's metadata."""
     worker = list_workers(namespace)[0]
     metadata = auth.call_metadata(auth.read_token(namespace))
-    with grpc.insecure_channel(worker.address, options=GRPC_OPTIONS) as channel:
+    with blocking_channel(worker.address) as channel:
         yield WorkerStub(channel), metadata  # type: ignore[no-untyped-call]
 
 
@@ -52,7 +52,7 @@ def dispatcher_stub(namespace: str) -> Iterator[tuple[DispatcherStub, Any]]:
     """A stub of the namespace's dispatcher and the token's metadata."""
     address, token = locate(namespace)
     metadata = auth.call_metadata(token)
-    with grpc.insecure_channel(address, options=GRPC_OPTIONS) as channel:
+    with blocking_channel(address) as channel:
         yield DispatcherStub(channel), metadata  # type: ignore[no-untyped-call]
 
 
@@ -64,7 +64,7 @@ def transfers_stub(namespace: str, *, at: str) -> Iterator[tuple[TransfersStub, 
         address, token = list_workers(namespace)[0].address, auth.read_token(namespace)
     else:
         address, token = locate(namespace)
-    with grpc.insecure_channel(address, options=GRPC_OPTIONS) as channel:
+    with blocking_channel(address) as channel:
         yield TransfersStub(channel), auth.call_metadata(token)  # type: ignore[no-untyped-call]
 
 
@@ -84,7 +84,7 @@ def submit_to(address: str, token: str, tasks: Iterable[Task]) -> dict[int, Resu
     closed at once; each answer, by task id, once every task is answered."""
     batch = SubmissionBatch(submissions=[Submission(task=task) for task in tasks])
     answers: dict[int, Result] = {}
-    with grpc.insecure_channel(address, options=GRPC_OPTIONS) as channel:
+    with blocking_channel(address) as channel:
         stub = DispatcherStub(channel)  # type: ignore[no-untyped-call]
         metadata = auth.call_metadata(token)
         for batch_back in stub.SubmitStream(iter([batch]), metadata=metadata):

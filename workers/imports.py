@@ -4,7 +4,8 @@ or shipped by value (:mod:`workers.protocol.shipping`).
 Owns the worker's table of resolved names. Importing runs a module's code,
 and unpickling a shipped function may import too, which may take any time,
 so :func:`find` runs off the event loop (:mod:`workers.service` calls it
-through its :class:`~workers.offload.Offload`) unless :func:`found` already has it.
+through its :class:`~workers.common.offload.Offload`) unless :func:`found`
+already has it.
 
 With ``--reload`` (:func:`reload_changed`), a module whose source file has
 changed since it was imported is imported again before its next task, so an

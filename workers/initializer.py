@@ -21,7 +21,8 @@ import traceback
 from collections.abc import Callable, Sequence
 from typing import Any, Final
 
-from workers import imports, serving
+from workers import imports
+from workers.common import serving
 from workers.protocol import codec, shipping
 from workers.protocol.errors import InitializerFailed
 from workers.protocol.worker_pb2 import Failure

@@ -39,7 +39,9 @@ from grpc_health.v1 import health, health_pb2_grpc
 
 import discovery
 from discovery import DiscoveryError, Status, WorkerInfo, backends, paths
-from workers import imports, initializer, serving
+from workers import imports, initializer
+from workers.common import channels, serving
+from workers.common.spec import parse
 from workers.limits import (
     Limits,
     MemoryWatch,
@@ -51,7 +53,6 @@ from workers.protocol import auth, transfer, worker_pb2_grpc
 from workers.protocol.owners import DataOwner
 from workers.service import WorkerService
 from workers.settings import WorkerSettings
-from workers.spec import parse
 
 log = logging.getLogger("workers")
 
@@ -124,7 +125,7 @@ async def _serve(config: WorkerSettings, stopper: serving.Stopper) -> None:
         writer=writer,
     )
     server = aio.server(
-        interceptors=[auth.CallInterceptor(token)], options=serving.GRPC_OPTIONS
+        interceptors=[auth.CallInterceptor(token)], options=channels.GRPC_OPTIONS
     )
     worker_pb2_grpc.add_WorkerServicer_to_server(service, server)  # type: ignore[no-untyped-call]
     worker_pb2_grpc.add_TransfersServicer_to_server(transfer.HeldService(), server)  # type: ignore[no-untyped-call]
@@ -167,7 +168,7 @@ def _info(
         tags=frozenset(config.tags),
         extra={
             **_counters(service),
-            **({serving.TLS_KEY: "1"} if config.tls else {}),
+            **({channels.TLS_EXTRA: "1"} if config.tls else {}),
         },
         capacity=config.concurrency,
     )

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Final
 
-from workers.offload import Offload
+from workers.common.offload import Offload
 from workers.protocol import codec, transfer
 from workers.protocol.errors import BadTask
 from workers.protocol.owners import DataOwner

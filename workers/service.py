@@ -51,8 +51,8 @@ from grpc import aio
 
 from workers import imports
 from workers import running as tasks
+from workers.common.offload import Offload
 from workers.limits import Limits
-from workers.offload import Offload
 from workers.protocol import codec, worker_pb2_grpc
 from workers.protocol.errors import BadTask, TaskTimeout
 from workers.protocol.owners import DataOwner

@@ -27,6 +27,7 @@ import uvloop
 from grpc import aio
 
 from pool.bench.proc import cpu_s
+from workers.common import channels
 
 METHOD = "/floor.Echo/Stream"
 WARM_UP = 50  # round trips not timed
@@ -51,7 +52,7 @@ async def serve(role: str, socket: str, upstream: str | None) -> None:
     if role == "echo":
         server.add_generic_rpc_handlers((_handler(_echo),))
     else:
-        channel = aio.insecure_channel(f"unix:{upstream}")
+        channel = channels.channel(f"unix:{upstream}")
         forward: Any = channel.stream_stream(METHOD)
 
         async def relay(
@@ -71,7 +72,7 @@ async def serve(role: str, socket: str, upstream: str | None) -> None:
 
 
 async def _round_trips(socket: str, samples: int) -> list[float]:
-    async with aio.insecure_channel(f"unix:{socket}") as channel:
+    async with channels.channel(f"unix:{socket}") as channel:
         call: Any = channel.stream_stream(METHOD)()
         times = []
         for _ in range(samples + WARM_UP):

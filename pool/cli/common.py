@@ -11,9 +11,9 @@ from typing import TypeAlias
 
 from discovery import DiscoveryError, backends
 from pool.errors import PoolError, leaves
+from workers.common.options import NAMESPACE
+from workers.common.spec import existing_file
 from workers.protocol.errors import TaskError
-from workers.settings import NAMESPACE
-from workers.spec import existing_file
 
 # What a command reports as one line, exit status 1 (anything else is a bug,
 # shown with its traceback).

@@ -153,12 +153,7 @@ def _targets(locator: Locator) -> list[Target]:
 
 def ask_dispatcher(locator: Locator, target: Target) -> DispatcherView | None:
     """:func:`dispatcher_view` of the dispatcher ``target``."""
-    channel = (
-        grpc.secure_channel(target.address, locator.credentials())
-        if target.tls
-        else grpc.insecure_channel(target.address)
-    )
-    with channel:
+    with locator.blocking_channel(target) as channel:
         stub = DispatcherStub(channel)  # type: ignore[no-untyped-call]
         try:
             reply = stub.ListWorkers(

@@ -27,9 +27,9 @@ from pool.errors import PoolError
 from pool.supervisor.orchestration import Supervisor
 from pool.supervisor.settings import PoolSettings
 from pool.supervisor.view import LiveView, PlainView, View
+from workers.common.serving import CannotListen, check_host
+from workers.common.spec import SettingError, add_arguments, from_arguments
 from workers.protocol import auth
-from workers.serving import CannotListen, check_host
-from workers.spec import SettingError, add_arguments, from_arguments
 
 TICK_S = 1.0  # how often `up` asks the dispatcher for its queue length
 
@@ -123,7 +123,7 @@ async def _tick(namespace: str, view: View) -> None:
                     if channel is not None:
                         await channel.close()
                     address = target.address
-                    channel = aio.insecure_channel(address)
+                    channel = await locator.channel(target)
                 stub = DispatcherStub(channel)  # type: ignore[no-untyped-call]
                 reply = await stub.ListWorkers(
                     ListWorkersRequest(),

@@ -42,7 +42,7 @@ from pool.client.rendezvous import WRONG_TOKEN, Locator, Target
 from pool.client.store import SWEEP_S, Store
 from pool.dispatcher_pb2 import ListWorkersRequest, Submission, SubmissionBatch
 from pool.errors import PoolError, PoolNotRunning, PoolRefused, ProtocolMismatch
-from workers.offload import Offload
+from workers.common.offload import Offload
 from workers.protocol import auth, codec, segments, transfer
 from workers.protocol.owners import DataOwner
 from workers.protocol.worker_pb2 import FetchRequest, Result, ResultBatch, Want

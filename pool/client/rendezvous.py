@@ -29,9 +29,9 @@ from grpc import aio
 
 from discovery import owner_pid, paths
 from pool.errors import PoolNotRunning, PoolRefused
-from workers.offload import Offload
+from workers.common import channels
+from workers.common.offload import Offload
 from workers.protocol import auth
-from workers.serving import GRPC_OPTIONS
 
 ADDRESS_FILE: Final = "address"
 DATA_FILE: Final = "data-plane"
@@ -173,9 +173,16 @@ class Locator:
         """
         if target.tls:
             run = offload.run if offload is not None else asyncio.to_thread
-            credentials = await run(self.credentials)
-            return aio.secure_channel(target.address, credentials, GRPC_OPTIONS)
-        return aio.insecure_channel(target.address, options=GRPC_OPTIONS)
+            return channels.channel(target.address, await run(self.credentials))
+        return channels.channel(target.address)
+
+    def blocking_channel(self, target: Target) -> grpc.Channel:
+        """:meth:`channel` for code without an event loop.
+
+        :raises PoolRefused: if the CA file cannot be read.
+        """
+        tls = self.credentials() if target.tls else None
+        return channels.blocking_channel(target.address, tls)
 
     def all_now(self) -> list[Target]:
         """Every dispatcher of the pool: this machine's, or each one

@@ -41,6 +41,7 @@ from grpc import aio
 
 from discovery import WorkerInfo
 from pool.dispatcher.jobs import Connect, Job, LinkEvents
+from workers.common import channels
 from workers.protocol import auth, transfer
 from workers.protocol.stream import Outgoing
 from workers.protocol.worker_pb2 import (
@@ -52,7 +53,6 @@ from workers.protocol.worker_pb2 import (
     TaskBatch,
 )
 from workers.protocol.worker_pb2_grpc import TransfersStub, WorkerStub
-from workers.serving import GRPC_OPTIONS, TLS_KEY
 
 log = logging.getLogger("pool.dispatcher")
 
@@ -154,13 +154,11 @@ class WorkerLink:
 
     async def run(self) -> None:
         """Stream tasks to the worker and results back until the stream ends."""
-        if self.info.extra.get(TLS_KEY) == "1":
+        tls = None
+        if self.info.extra.get(channels.TLS_EXTRA) == "1":
             # (No CA given: the system's roots.)
             tls = self._tls or grpc.ssl_channel_credentials()
-            channel = aio.secure_channel(self.info.address, tls, options=GRPC_OPTIONS)
-        else:
-            channel = aio.insecure_channel(self.info.address, options=GRPC_OPTIONS)
-        self._channel = channel
+        self._channel = channel = channels.channel(self.info.address, tls)
         try:
             stub = WorkerStub(channel)  # type: ignore[no-untyped-call]
             self._call = stub.Run(metadata=auth.call_metadata(self._token))

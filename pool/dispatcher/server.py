@@ -50,11 +50,10 @@ from pool.dispatcher.service import MAX_STREAM_TASKS, DispatcherService
 from pool.dispatcher.settings import DispatcherSettings
 from pool.dispatcher.telemetry import REPORT_S, Telemetry
 from pool.dispatcher.transfers import RelayService
-from workers import pipes, serving
+from workers.common import channels, pipes, serving
+from workers.common.spec import parse
 from workers.protocol import auth, worker_pb2_grpc
 from workers.protocol.worker_pb2 import Failure
-from workers.serving import TLS_KEY
-from workers.spec import parse
 
 log = logging.getLogger("pool.dispatcher.server")
 
@@ -88,7 +87,7 @@ async def serve(settings: DispatcherSettings, tls_ca: bytes | None = None) -> No
         )
         server = aio.server(
             interceptors=[auth.CallInterceptor(token)],
-            options=serving.GRPC_OPTIONS,
+            options=channels.GRPC_OPTIONS,
         )
         service = DispatcherService(router, min(MAX_STREAM_TASKS, settings.max_queued))
         dispatcher_pb2_grpc.add_DispatcherServicer_to_server(service, server)  # type: ignore[no-untyped-call]
@@ -136,7 +135,7 @@ class _Reports:
     whose stream is up, so that the pool says ``ready`` only once every
     worker can be sent tasks; with ``--telemetry``, what tasks did, twice a
     second. Written without ever blocking the loop (the supervisor reads
-    every line): :class:`workers.pipes.LineWriter`."""
+    every line): :class:`workers.common.pipes.LineWriter`."""
 
     def __init__(self) -> None:
         self._writer: pipes.LineWriter | None = None
@@ -238,7 +237,7 @@ def refusal(info: WorkerInfo, namespace: str, require_tls: bool) -> str | None:
         if Path(info.address[5:]).parent != home:
             return f"its unix socket is outside the pool's directory {home}"
         return None
-    if require_tls and info.extra.get(TLS_KEY) != "1":
+    if require_tls and info.extra.get(channels.TLS_EXTRA) != "1":
         return "it does not serve TLS, and the pool requires it (--tls-ca)"
     return None
 

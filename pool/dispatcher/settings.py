@@ -1,5 +1,5 @@
 """The dispatcher's settings (``python -m pool.dispatcher``), declared once
-(see :mod:`workers.settings`); ``pool up`` takes the same ones."""
+(see :mod:`workers.common.options`); ``pool up`` takes the same ones."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from typing import Final
 
 from pool.dispatcher.placement import NO_WORKER_TIMEOUT_S
 from pool.dispatcher.queue import MAX_QUEUED
-from workers.settings import (
+from workers.common.options import (
     ADVERTISE,
     DISCOVERY,
     HOST,
@@ -21,7 +21,7 @@ from workers.settings import (
     TLS_KEY,
     check_tcp,
 )
-from workers.spec import Spec, check, existing_file
+from workers.common.spec import Spec, check, existing_file
 
 NO_WORKER_TIMEOUT_SPEC: Final = Spec(
     NO_WORKER_TIMEOUT_S,

@@ -28,11 +28,11 @@ from dataclasses import dataclass, field
 from typing import Any, Final, Protocol
 
 from pool.errors import PoolError
+from workers.common.pipes import first_line
+from workers.common.serving import READY_PREFIX
+from workers.common.spec import to_argv
 from workers.initializer import INIT_FAILED_PREFIX
-from workers.pipes import first_line
 from workers.protocol.worker_pb2 import Failure
-from workers.serving import READY_PREFIX
-from workers.spec import to_argv
 
 START_TIMEOUT_S: Final = 30.0
 BACKOFF_S: Final = (0.1, 10.0)  # first delay, cap

@@ -25,7 +25,7 @@ from typing import Final
 from discovery import paths
 from pool.client.rendezvous import DATA_FILE, DataPlane
 from pool.supervisor.settings import PoolSettings
-from workers.offload import Offload
+from workers.common.offload import Offload
 from workers.protocol import owners, segments
 
 log = logging.getLogger("pool.supervisor")

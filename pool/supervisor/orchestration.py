@@ -64,7 +64,7 @@ from pool.supervisor.settings import PoolSettings
 from pool.supervisor.sweep import sweep_temp_dirs
 from pool.supervisor.view import Tee, View
 from pool.supervisor.zygote import Zygote, ZygoteUnavailable, fork_or_spawn
-from workers.offload import Offload
+from workers.common.offload import Offload
 from workers.protocol import auth
 
 DISPATCHER_STOP_S: Final = 15.0  # it waits for its last results, then ends

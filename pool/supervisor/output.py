@@ -14,7 +14,7 @@ import contextlib
 import os
 from collections.abc import Callable
 
-from workers.pipes import MAX_LINE_BYTES, lines
+from workers.common.pipes import MAX_LINE_BYTES, lines
 
 
 async def relay(

@@ -24,31 +24,33 @@ from pool.dispatcher.settings import (
 )
 from pool.supervisor import dashboard
 from workers import initializer
+from workers.common.options import (
+    ADVERTISE,
+    DISCOVERY,
+    HOST,
+    NAMESPACE,
+    PORT,
+    TLS_CERT,
+    TLS_KEY,
+    TOKEN_FILE,
+    check_tcp,
+)
+from workers.common.spec import SettingError, Spec, check
 from workers.protocol.auth import TOKEN_ENV
 from workers.settings import (
-    ADVERTISE,
     CONCURRENCY,
-    DISCOVERY,
     GRACE_S,
-    HOST,
     INITARGS,
     INITIALIZER,
     MAX_ARGS_BYTES_SPEC,
     MAX_MEMORY,
     MAX_TASKS_PER_CHILD,
-    NAMESPACE,
     PATHS,
-    PORT,
     RELOAD,
     SHM_LIMIT,
     TAGS,
-    TLS_CERT,
-    TLS_KEY,
-    TOKEN_FILE,
     WorkerSettings,
-    check_tcp,
 )
-from workers.spec import SettingError, Spec, check
 
 
 def _dashboard_address(value: str) -> None:

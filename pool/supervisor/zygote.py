@@ -42,7 +42,7 @@ import setproctitle
 
 from pool.supervisor.children import Child, ChildProcess, Process, spawn
 from pool.supervisor.sweep import use_private_temp_dir
-from workers.spec import to_argv
+from workers.common.spec import to_argv
 
 PRELOAD: Final = ["pool.supervisor.preload"]
 

@@ -25,10 +25,10 @@ from pool.dispatcher_pb2_grpc import DispatcherStub
 from tests import sample_tasks
 from tests.pools import running_pool
 from tests.streams import make_info
+from workers.common.serving import is_loopback
 from workers.protocol import auth
 from workers.protocol.worker_pb2 import TaskBatch
 from workers.protocol.worker_pb2_grpc import WorkerStub
-from workers.serving import is_loopback
 
 pytestmark = pytest.mark.integration
 

@@ -22,7 +22,7 @@ from pool.client.connection import Connection
 from pool.client.rendezvous import Locator, Target
 from pool.dispatcher_pb2 import Submission
 from pool.errors import PoolNotRunning, PoolRefused
-from workers.offload import Offload
+from workers.common.offload import Offload
 from workers.protocol import codec
 from workers.protocol.worker_pb2 import Result, ResultBatch, Task
 

@@ -203,7 +203,7 @@ def test_a_dashboard_without_its_extra_says_how_to_install_it(
     import importlib.util
 
     from pool.supervisor.settings import PoolSettings
-    from workers.spec import SettingError
+    from workers.common.spec import SettingError
 
     real = importlib.util.find_spec
     monkeypatch.setattr(

@@ -7,7 +7,7 @@ import threading
 
 import pytest
 
-from workers.offload import Offload
+from workers.common.offload import Offload
 
 pytestmark = pytest.mark.timeout(30)
 

@@ -19,9 +19,9 @@ import uvloop
 
 from pool.supervisor.children import read_ready
 from pool.supervisor.output import relay
-from workers import serving
-from workers.pipes import LineWriter, first_line, lines
-from workers.serving import ParentGone
+from workers.common import serving
+from workers.common.pipes import LineWriter, first_line, lines
+from workers.common.serving import ParentGone
 
 pytestmark = pytest.mark.timeout(60)
 

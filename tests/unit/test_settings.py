@@ -12,8 +12,8 @@ import pytest
 
 from pool.dispatcher.settings import DispatcherSettings
 from pool.supervisor.settings import PoolSettings
+from workers.common.spec import SettingError, parse, to_argv
 from workers.settings import WorkerSettings
-from workers.spec import SettingError, parse, to_argv
 
 
 @pytest.mark.parametrize(

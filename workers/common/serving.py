@@ -10,7 +10,6 @@ names one process for good, where a pid may be reused.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import io
 import ipaddress
@@ -27,16 +26,8 @@ from typing import Any, Final
 import grpc
 from grpc import aio
 
-from workers.protocol.codec import MAX_MESSAGE_BYTES
-
-TLS_KEY: Final = "tls"  # in WorkerInfo.extra: "1" when the worker serves TLS
 LOOPBACK: Final = "127.0.0.1"
 WILDCARDS: Final = frozenset({"0.0.0.0", "::"})  # every interface
-GRPC_OPTIONS: Final = (
-    ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
-    ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
-    ("grpc.optimization_target", "latency"),
-)
 READY_PREFIX: Final = "READY "
 
 log = logging.getLogger(__name__)
@@ -73,28 +64,6 @@ def check_host(host: str) -> None:
         raise CannotListen(
             repr(host), f"{reason}; give an address of this machine"
         ) from None
-
-
-def add_tcp_arguments(parser: argparse.ArgumentParser, *, who: str) -> None:
-    """``--port``, ``--advertise``, ``--tls-cert`` and ``--tls-key``, which
-    go with ``--host``; ``who`` says who checks the certificate."""
-    parser.add_argument(
-        "--port", type=int, default=0, help="with --host: the TCP port (default: free)"
-    )
-    parser.add_argument(
-        "--advertise",
-        metavar="HOST[:PORT]",
-        help="with --host: the address to publish, for NAT and containers (the "
-        "bound port unless given; default: the bound address, or this host's "
-        "name when --host is 0.0.0.0 or ::)",
-    )
-    parser.add_argument(
-        "--tls-cert",
-        metavar="PEM",
-        help=f"with --host: serve TLS on the TCP port with this certificate (and "
-        f"--tls-key); {who}",
-    )
-    parser.add_argument("--tls-key", metavar="PEM", help="the key of --tls-cert")
 
 
 def bind(
