@@ -27,15 +27,13 @@ error in any ends the process, logged, with exit status 1.
 from __future__ import annotations
 
 import asyncio
-import base64
 import contextlib
-import json
 import logging
 import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Final
+from typing import Final, assert_never
 from uuid import UUID
 
 import grpc
@@ -44,6 +42,7 @@ from grpc import aio
 
 from discovery import WorkerInfo, backends, paths
 from pool import dispatcher_pb2_grpc
+from pool.dispatcher import messages
 from pool.dispatcher.links import WorkerLink
 from pool.dispatcher.placement import Router
 from pool.dispatcher.service import MAX_STREAM_TASKS, DispatcherService
@@ -53,7 +52,6 @@ from pool.dispatcher.transfers import RelayService
 from workers.common import channels, pipes, serving
 from workers.common.spec import parse
 from workers.protocol import auth, worker_pb2_grpc
-from workers.protocol.worker_pb2 import Failure
 
 log = logging.getLogger("pool.dispatcher.server")
 
@@ -145,14 +143,14 @@ class _Reports:
             self._writer = pipes.LineWriter(fd)
 
     def linked(self, info: WorkerInfo) -> None:
-        self._write({"linked": str(info.uid)})
+        self._write(messages.Linked(str(info.uid)))
 
     def stats(self, telemetry: Telemetry, router: Router) -> None:
-        self._write({"stats": telemetry.report(router.links, router.queued)})
+        self._write(messages.Stats(telemetry.report(router.links, router.queued)))
 
-    def _write(self, line: dict[str, object]) -> None:
+    def _write(self, report: messages.Report) -> None:
         if self._writer is not None:
-            self._writer.write(json.dumps(line))
+            self._writer.write(messages.encode(report))
 
     def close(self) -> None:
         if self._writer is not None:
@@ -249,21 +247,28 @@ async def _obey(fd: int, router: Router, stopper: serving.Stopper) -> None:
         async with contextlib.aclosing(pipes.lines(fd, MAX_ORDER_BYTES)) as orders:
             async for line in orders:
                 try:
-                    order = json.loads(line)
-                except ValueError:
-                    log.warning("ignoring a control line that is not JSON: %r", line)
-                    continue
-                if order.get("drain"):
-                    router.stop_taking()
-                if order.get("started"):
-                    router.started()
-                if isinstance(exit := order.get("exit"), dict):
-                    router.record_exit(int(exit["pid"]), str(exit["status"]))
-                if isinstance(broken := order.get("broken"), str):
-                    router.broken(Failure.FromString(base64.b64decode(broken)))
+                    _carry_out(messages.order(line), router)
+                except messages.BadLine as exc:
+                    log.warning("ignoring a control line: %s", exc)
         stopper.stop()
     finally:
         os.close(fd)
+
+
+def _carry_out(order: messages.Order, router: Router) -> None:
+    """:raises messages.BadLine: for a :class:`~pool.dispatcher.messages.Broken`
+    whose failure is not one."""
+    match order:
+        case messages.Drain():
+            router.stop_taking()
+        case messages.Started():
+            router.started()
+        case messages.Exited(pid, status):
+            router.record_exit(pid, status)
+        case messages.Broken():
+            router.broken(order.parsed())
+        case _:
+            assert_never(order)
 
 
 def _read(path: str) -> bytes:

@@ -1,26 +1,25 @@
-"""The supervisor's control pipe to its dispatcher: one JSON line an order.
+"""The supervisor's control pipe to its dispatcher: one line an order
+(:data:`pool.dispatcher.messages.Order`, which lists them).
 
-Only the supervisor writes to it; the dispatcher reads it
-(:func:`pool.dispatcher.server._obey`): when every worker has started, how
-each worker ended, when the pool drains. A restarted dispatcher gets a pipe
-of its own (:meth:`ControlPipe.attach`). A line is never dropped: while the
-pipe is full, a write waits for the dispatcher to read (the loop watches the
-descriptor), so a slow reader holds the writer back instead of losing
-orders; orders go out one at a time, in order. Lines for a dispatcher that
-is gone go nowhere: they were for it.
+Only the supervisor writes to it; the dispatcher reads it. A restarted
+dispatcher gets a pipe of its own (:meth:`ControlPipe.attach`). A line is
+never dropped: while the pipe is full, a write waits for the dispatcher to
+read (the loop watches the descriptor), so a slow reader holds the writer
+back instead of losing orders; orders go out one at a time, in order. Lines
+for a dispatcher that is gone go nowhere: they were for it.
 
-The descriptor is this object's alone, closed once, by :meth:`aclose`
-(not left to a transport's or the garbage collector's later close, which
-could close a descriptor that has meanwhile been reused: a supervisor
-embedded in a long-lived program starts many pools).
+The descriptor is this object's alone, closed once, by :meth:`aclose` (not
+left to a transport's or the garbage collector's later close, which could
+close a descriptor that has meanwhile been reused: a supervisor embedded in
+a long-lived program starts many pools).
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
 import os
-from typing import Any
+
+from pool.dispatcher import messages
 
 
 class ControlPipe:
@@ -38,9 +37,9 @@ class ControlPipe:
         os.set_blocking(fd, False)
         self._fd = fd
 
-    async def send(self, **order: Any) -> None:
+    async def send(self, order: messages.Order) -> None:
         """Write one order, waiting while the pipe is full."""
-        data = (json.dumps(order) + "\n").encode()
+        data = (messages.encode(order) + "\n").encode()
         async with self._turn:
             fd = self._fd
             while data and fd >= 0 and fd == self._fd:

@@ -43,6 +43,7 @@ from typing import Any, Final
 from discovery import LocalDiscovery, NamespaceInUse, paths, sweep_dead
 from pool.client import announcements, rendezvous
 from pool.client.rendezvous import ADDRESS_FILE
+from pool.dispatcher import messages
 from pool.errors import PoolAlreadyRunning
 from pool.supervisor import dataplane
 from pool.supervisor.children import (
@@ -243,7 +244,7 @@ class Supervisor:
             ready["dashboard"] = self.dashboard.url
         self.view.note("ready", **ready)
         self._ready = True
-        await self._control.send(started=True)
+        await self._control.send(messages.Started())
         if self._on_ready is not None:
             self._on_ready()
 
@@ -286,7 +287,7 @@ class Supervisor:
             exc.failure
         ):
             self.view.note("initializer-failed", error=str(exc), restarts="stopped")
-            await self._control.send(broken=exc.failure)
+            await self._control.send(messages.Broken(exc.failure))
             self._registrations.changed.set()  # (the pool is as ready as it gets)
         self._spawn(self._watch(child))
 
@@ -347,9 +348,9 @@ class Supervisor:
         )
         paths.write_private(self.settings.namespace, ADDRESS_FILE, self.address)
         if self._ready:
-            await self._control.send(started=True)
+            await self._control.send(messages.Started())
         if self._inits.broken is not None:
-            await self._control.send(broken=self._inits.broken)
+            await self._control.send(messages.Broken(self._inits.broken))
 
     async def _watch(self, child: Child) -> None:
         """Reap the child when it exits; replace it unless stopping."""
@@ -357,9 +358,7 @@ class Supervisor:
         code = await child.process.wait()
         self.view.note(f"{child.kind}-exited", pid=child.pid, **exit_fields(code))
         if child is not self._dispatcher:
-            await self._control.send(
-                exit={"pid": child.pid, "status": describe_exit(code)}
-            )
+            await self._control.send(messages.Exited(child.pid, describe_exit(code)))
         restart = self.settings.restart and self._inits.broken is None
         delay = next_start(child, restart=restart, stopping=self._stopping)
         if delay is None:
@@ -387,7 +386,7 @@ class Supervisor:
     async def _stop_all(self, kill_now: asyncio.Event) -> None:
         """Drain: the dispatcher first hears of it, then the workers finish,
         then the dispatcher delivers the last results and stops."""
-        await self._control.send(drain=True)
+        await self._control.send(messages.Drain())
         workers = [c.process for c in self._workers if c.process is not None]
         await terminate(workers, self.settings.grace_s + 5, kill_now)
         if self._dispatcher is None or self._dispatcher.process is None:

@@ -18,12 +18,12 @@ timed out or was cancelled) for ``stuck_grace_s`` is handed to
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 from collections.abc import Awaitable, Callable, Coroutine, Sequence
-from typing import Any
+from typing import Any, assert_never
 
 from discovery import backends
+from pool.dispatcher import messages
 from pool.supervisor.children import START_TIMEOUT_S, Child, ChildFailed
 from pool.supervisor.output import relay
 from pool.supervisor.view import View
@@ -76,16 +76,19 @@ class Registrations:
 
     def _note_report(self, line: str) -> None:
         try:
-            report = json.loads(line)
-            if "stats" in report:  # (with a dashboard: what tasks did)
-                if self._on_stats is not None:
-                    self._on_stats(report["stats"])
-                return
-            self._linked.add(str(report["linked"]))
-        except (ValueError, KeyError, TypeError):
-            log.warning("ignoring a report line not of a link or stats: %.200r", line)
+            report = messages.report(line)
+        except messages.BadLine as exc:
+            log.warning("ignoring a report line: %s", exc)
             return
-        self.changed.set()
+        match report:
+            case messages.Stats(stats):  # (with a dashboard: what tasks did)
+                if self._on_stats is not None:
+                    self._on_stats(stats)
+            case messages.Linked(uid):
+                self._linked.add(uid)
+                self.changed.set()
+            case _:
+                assert_never(report)
 
     async def _stuck(self, uid: str, pid: int) -> None:
         await asyncio.sleep(self._stuck_grace_s)  # the grace period itself

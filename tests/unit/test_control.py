@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 
 import pytest
 
+from pool.dispatcher import messages
 from pool.supervisor.control import ControlPipe
 
 pytestmark = pytest.mark.timeout(30)
@@ -21,11 +21,9 @@ async def test_a_full_pipe_holds_the_writer_and_loses_nothing() -> None:
     read_fd, write_fd = os.pipe()
     pipe = ControlPipe()
     await pipe.attach(write_fd)
-    padding = "x" * 80
+    status = "x" * 80
     sending = asyncio.ensure_future(
-        asyncio.gather(
-            *(pipe.send(exit={"pid": i, "pad": padding}) for i in range(LINES))
-        )
+        asyncio.gather(*(pipe.send(messages.Exited(i, status)) for i in range(LINES)))
     )
     # Nobody reads yet: the writer is held, not failed.
     done, _ = await asyncio.wait([sending], timeout=0.2)
@@ -33,7 +31,9 @@ async def test_a_full_pipe_holds_the_writer_and_loses_nothing() -> None:
     with os.fdopen(read_fd, "rb") as reader:
         received = await asyncio.to_thread(_read_lines, reader, LINES)
         await sending
-    assert [json.loads(line)["exit"]["pid"] for line in received] == list(range(LINES))
+    assert [messages.order(line) for line in received] == [
+        messages.Exited(i, status) for i in range(LINES)
+    ]
     await pipe.aclose()
 
 
@@ -43,7 +43,7 @@ async def test_orders_for_a_dispatcher_that_is_gone_go_nowhere() -> None:
     await pipe.attach(write_fd)
     os.close(read_fd)
     for _ in range(3):
-        await pipe.send(drain=True)  # no error, and no wait
+        await pipe.send(messages.Drain())  # no error, and no wait
     await pipe.aclose()
 
 
@@ -64,7 +64,7 @@ async def test_closing_closes_the_descriptor_then_and_once() -> None:
     read_fd, write_fd = os.pipe()
     pipe = ControlPipe()
     await pipe.attach(write_fd)
-    await pipe.send(started=True)
+    await pipe.send(messages.Started())
     await pipe.aclose()
     with pytest.raises(OSError):
         os.fstat(write_fd)  # closed at once
@@ -73,7 +73,7 @@ async def test_closing_closes_the_descriptor_then_and_once() -> None:
         await pipe.aclose()  # closes nothing twice
         os.fstat(reused_read)
         os.fstat(reused_write)
-        assert os.read(read_fd, 100) == b'{"started": true}\n'
+        assert messages.order(os.read(read_fd, 100)) == messages.Started()
     finally:
         for fd in (read_fd, reused_read, reused_write):
             os.close(fd)
