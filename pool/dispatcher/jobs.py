@@ -45,7 +45,7 @@ class Link(Protocol):
     """A stream to one worker, as the router uses it."""
 
     info: WorkerInfo
-    in_flight: dict[int, Job]  # by the dispatcher's task id
+    in_flight: InFlight  # what it has sent and not had answered
     done: int
     dropped: bool  # discovery dropped the worker; its stream may still finish
     pace_s: float  # how long its tasks run (0: not known yet)
@@ -68,8 +68,13 @@ class Link(Protocol):
         """Tasks it may still be sent: its slots, and what hides a round
         trip ahead of them, less what it holds."""
 
-    def send(self, job: Job) -> None: ...
-    def withdraw(self, job: Job) -> bool: ...
+    def send(self, job: Job) -> None:
+        """Send ``job`` to its worker (``in_flight.add``)."""
+
+    def take_back(self, job: Job) -> bool:
+        """Take ``job`` back if it is not written to the worker yet (out of
+        ``in_flight``, then): whether it was."""
+
     def cancel(self, task_id: int) -> None: ...
     async def run(self) -> None: ...
     def close(self) -> None: ...
@@ -113,6 +118,44 @@ class Job:
         else:
             self.untaken_losses += 1
         return taken
+
+
+class InFlight(dict[int, Job]):
+    """The tasks one link has sent to its worker and not had answered, by
+    the dispatcher's task id.
+
+    The invariant, kept here: a job is in a link's ``in_flight`` exactly
+    while its ``link`` names that link. Only these three methods change
+    either (the router, the stealing and the link itself call them); the
+    rest only read. (A dict: the router reads it on every task.)
+    """
+
+    __slots__ = ("_link",)
+
+    def __init__(self, link: Link) -> None:
+        super().__init__()
+        self._link = link
+
+    def add(self, job: Job) -> None:
+        """``job`` is sent to this link's worker: a new attempt there."""
+        job.link, job.started, job.withdrawing = self._link, False, None
+        self[job.task.id] = job
+
+    def remove(self, task_id: int) -> Job | None:
+        """The job ``task_id`` leaves (answered, or taken back), if here."""
+        job = self.pop(task_id, None)
+        if job is not None:
+            job.link = None
+        return job
+
+    def remove_all(self) -> list[Job]:
+        """Every job leaves (the worker is lost, or the pool stops), in the
+        order they were sent."""
+        jobs = list(self.values())
+        self.clear()
+        for job in jobs:
+            job.link = None
+        return jobs
 
 
 # What the router calls to link a newly discovered worker.

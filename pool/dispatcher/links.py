@@ -40,7 +40,7 @@ import grpc
 from grpc import aio
 
 from discovery import WorkerInfo
-from pool.dispatcher.jobs import Connect, Job, LinkEvents
+from pool.dispatcher.jobs import Connect, InFlight, Job, LinkEvents
 from workers.common import channels
 from workers.protocol import auth, transfer
 from workers.protocol.stream import Outgoing
@@ -75,7 +75,7 @@ class WorkerLink:
         tls: grpc.ChannelCredentials | None = None,
     ) -> None:
         self.info = info
-        self.in_flight: dict[int, Job] = {}
+        self.in_flight = InFlight(self)
         self.done = 0
         self.dropped = False
         self.pace_s = 0.0  # how long its tasks run (0: not known yet)
@@ -132,22 +132,21 @@ class WorkerLink:
         return f"worker pid {self.info.pid} ({str(self.info.uid)[:8]})"
 
     def send(self, job: Job) -> None:
-        job.link = self
-        job.started = False
-        job.withdrawing = None
         if not self.in_flight:  # idle until now: its starts are not late
             self.progressed_at = time.monotonic()
         task = job.task
         task.attempt = job.attempts + 1
-        self.in_flight[task.id] = job
+        self.in_flight.add(job)
         self._outgoing.add(job, job.code)
         if transfer.transfer_of(task) is not None:
             # (Its client holds its arguments: they are uploaded to here.)
             job.owner.on_wanted(job, str(self.info.uid))
 
-    def withdraw(self, job: Job) -> bool:
-        """Take back a task not written to the worker yet; True if it was."""
-        return self._outgoing.withdraw(job.task.id)
+    def take_back(self, job: Job) -> bool:
+        if not self._outgoing.withdraw(job.task.id):
+            return False
+        self.in_flight.remove(job.task.id)
+        return True
 
     def cancel(self, task_id: int) -> None:
         self._outgoing.cancel(task_id)

@@ -161,7 +161,7 @@ class Router:
         self.pump()
 
     def _requeue(self, link: Link) -> None:
-        jobs, link.in_flight = list(link.in_flight.values()), {}
+        jobs = link.in_flight.remove_all()
         # A worker starts tasks in the order it got them and reports starts
         # after the fact: as many of the first unreported ones as it had
         # slots free may have run.
@@ -169,7 +169,6 @@ class Router:
         unreported = [job for job in jobs if not job.started and not job.finished]
         maybe = set(unreported[: max(free, 0)])
         for job in reversed(jobs):  # keep their order at the queue's front
-            job.link = None
             self._withdrawals.forget(job)
             if job.finished:
                 continue
@@ -255,9 +254,7 @@ class Router:
         if link is None:  # queued: it leaves the queue when the pump meets it
             self.queue.leave()
             self._deliver(job, Result(id=job.task.id, failure=codec.cancelled()))
-        elif link.withdraw(job):  # not written to the worker yet
-            del link.in_flight[job.task.id]
-            job.link = None
+        elif link.take_back(job):  # not written to the worker yet
             self._deliver(job, Result(id=job.task.id, failure=codec.cancelled()))
         elif job.withdrawing != "cancel":  # (once asked, asked)
             if job.withdrawing is None:
@@ -301,10 +298,9 @@ class Router:
         self.pump()
 
     def _on_result(self, link: Link, result: Result) -> None:
-        job = link.in_flight.pop(result.id, None)
+        job = link.in_flight.remove(result.id)
         if job is None:
             return  # requeued elsewhere already, or withdrawn
-        job.link = None
         failed = result.HasField("failure")
         status = codec.status_of(result.failure) if failed else None
         self._withdrawals.forget(job)
@@ -394,7 +390,6 @@ class Router:
                 await self._settled.wait()
         detail = "the pool stopped before its worker answered"
         for link in list(self._open):
-            jobs, link.in_flight = list(link.in_flight.values()), {}
-            for job in jobs:
+            for job in link.in_flight.remove_all():
                 if not job.finished:
                     self._fail(job, PoolStopping(self.namespace, detail))

@@ -126,9 +126,7 @@ class Withdrawals:
         return back
 
     def _take_back(self, link: Link, job: Job, back: list[Job]) -> None:
-        if link.withdraw(job):  # not written yet: it is back now
-            del link.in_flight[job.task.id]
-            job.link = None
+        if link.take_back(job):  # not written yet: it is back now
             back.append(job)
         else:
             job.withdrawing = "requeue"

@@ -18,7 +18,7 @@ import pytest
 from discovery import DiscoveryEvent, WorkerInfo
 from pool import NoWorkerAvailable, PoolStopping, WorkerLost
 from pool.dispatcher.choosing import PACK_FACTOR, Chooser
-from pool.dispatcher.jobs import Job, LinkEvents
+from pool.dispatcher.jobs import InFlight, Job, LinkEvents
 from pool.dispatcher.links import MAX_AHEAD_PER_SLOT, WorkerLink
 from pool.dispatcher.placement import MAX_UNTAKEN_LOSSES, Router
 from pool.dispatcher.queue import TaskQueue
@@ -34,7 +34,7 @@ class FakeLink:
     def __init__(self, info: WorkerInfo, router: LinkEvents) -> None:
         self.info = info
         self.router = router
-        self.in_flight: dict[int, Job] = {}
+        self.in_flight = InFlight(self)
         self.done = 0
         self.dropped = False
         self.written: list[Job] = []  # what reached the worker
@@ -66,18 +66,16 @@ class FakeLink:
         return self.slots + self.ahead - self.load
 
     def send(self, job: Job) -> None:
-        job.link = self
-        job.started = False
-        job.withdrawing = None
         job.task.attempt = job.attempts + 1
-        self.in_flight[job.task.id] = job
+        self.in_flight.add(job)
         self.unwritten.append(job)
 
-    def withdraw(self, job: Job) -> bool:
-        if job in self.unwritten:
-            self.unwritten.remove(job)
-            return True
-        return False
+    def take_back(self, job: Job) -> bool:
+        if job not in self.unwritten:
+            return False
+        self.unwritten.remove(job)
+        self.in_flight.remove(job.task.id)
+        return True
 
     def cancel(self, task_id: int) -> None:
         self.cancels.append(task_id)
