@@ -30,8 +30,8 @@ if not __package__:  # run as a file: this file must not shadow the package
 from pool import Client
 from pool.bench.bigdata import MB, SCENARIOS, ExecutorRunner, Runner, timed
 from pool.client.embedded import Pool
-from tests.helpers import LineReader
-from tests.redis_server import RedisServer
+from tests.support.helpers import LineReader
+from tests.support.redis_server import RedisServer
 
 
 @contextlib.contextmanager

@@ -42,7 +42,7 @@ if not __package__:  # run as a file: this file must not shadow the package
     sys.path[0] = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 from pool import Client
-from tests.browser import launch
+from tests.support.browser import launch
 
 IN_FLIGHT = 256
 ROLES = ("supervisor", "dispatcher")
@@ -241,7 +241,7 @@ def finished_ns() -> float:
     machine moves less than a rate."""
     from pool.dispatcher.jobs import Job
     from pool.dispatcher.telemetry import Telemetry
-    from tests.streams import make_info
+    from tests.support.streams import make_info
     from workers.protocol.worker_pb2 import Result, Task
 
     telemetry, worker = Telemetry(), make_info()

@@ -38,7 +38,7 @@ from benchmarks.dispatchers import NAMESPACE, Hosts
 from pool import Client
 from pool.bench.measures import IN_FLIGHT
 from pool.bench.tasks import noop
-from tests.redis_server import RedisServer
+from tests.support.redis_server import RedisServer
 
 TICKS_S = os.sysconf("SC_CLK_TCK")
 

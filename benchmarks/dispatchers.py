@@ -36,10 +36,10 @@ from pathlib import Path
 from pool import Client, PoolNotRunning
 from pool.cli.inspect import ask_dispatcher
 from pool.client.rendezvous import Locator
-from tests import sample_tasks
-from tests.helpers import LineReader, python_module, wait_until
-from tests.pools import RunningPool
-from tests.redis_server import RedisServer, SentinelSet, free_port
+from tests.support import sample_tasks
+from tests.support.helpers import LineReader, python_module, wait_until
+from tests.support.pools import RunningPool
+from tests.support.redis_server import RedisServer, SentinelSet, free_port
 
 NAMESPACE = "bench-dispatchers"
 SLEEP_S = 0.02

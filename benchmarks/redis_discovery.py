@@ -49,7 +49,7 @@ from discovery import RedisDiscovery, WorkerInfo
 from discovery.redis import HEARTBEAT_S, TTL_S, RedisPublisher, RedisSubscriber
 from pool.bench.measures import rtt_ms, submit_rate
 from pool.client.embedded import Pool
-from tests.redis_server import RedisServer
+from tests.support.redis_server import RedisServer
 
 _ROOT: Final = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 REPLY_TIMEOUT_S: Final = 60.0  # a child that says nothing for this long failed

@@ -18,10 +18,10 @@ from typing import Any
 import pytest
 
 from discovery import paths
-from tests.browser import CHROMIUM, launch
-from tests.helpers import children_of
-from tests.pools import processes_mentioning
-from tests.redis_server import RedisServer
+from tests.support.browser import CHROMIUM, launch
+from tests.support.helpers import children_of
+from tests.support.pools import processes_mentioning
+from tests.support.redis_server import RedisServer
 
 _RUNTIME = tempfile.mkdtemp(prefix="shmp-test-runtime-")
 os.chmod(_RUNTIME, 0o700)

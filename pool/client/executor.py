@@ -72,7 +72,7 @@ class Client(concurrent.futures.Executor):
         :meth:`submit` (and :meth:`map`) waits for room, as ``put`` on a
         bounded :class:`queue.Queue` does (default: no bound, as
         ``ProcessPoolExecutor``; the dispatcher's own bound then holds the
-        tasks back here, see DESIGN.md).
+        tasks back here: ``docs/architecture.md``, every queue is bounded).
     :raises PoolNotRunning: if no pool serves the namespace.
     :raises ValueError: for a ``max_pending`` below 1.
     """

@@ -7,8 +7,8 @@ thousand queued waits for one task, not for the ten thousand. Jobs a lost
 worker gave back (or a steal took back) wait in a line of their own, in
 their order, served before any client's. At most ``max_queued`` wait in
 all: :attr:`TaskQueue.room` is clear while the queue is full, and the
-client streams stop reading until it is set again (DESIGN.md,
-Concurrency). A job cancelled while it waits is counted out at once and
+client streams stop reading until it is set again (``docs/architecture.md``:
+every queue is bounded). A job cancelled while it waits is counted out at once and
 skipped when :meth:`TaskQueue.place` or :meth:`TaskQueue.remove_where`
 meets it. A job no ready worker matches expires after a bound
 (:meth:`TaskQueue.expired`). Where each job goes is

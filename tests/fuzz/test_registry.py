@@ -28,7 +28,7 @@ from discovery import (
 )
 from discovery.layout import ring_size_for
 from discovery.registry import Registry
-from tests.streams import collecting, eventually, make_info, raw_writer
+from tests.support.streams import collecting, eventually, make_info, raw_writer
 
 CAPACITY, BLOCK = 4, 256
 POLL_S = 0.05

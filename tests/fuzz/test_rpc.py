@@ -15,9 +15,9 @@ from hypothesis import strategies as st
 from discovery import list_workers
 from pool import Client
 from pool.dispatcher_pb2 import Submission, SubmissionBatch
-from tests import sample_tasks
-from tests.pools import running_pool
-from tests.rpc import SQUARE, call, dispatcher_stub, run, status, worker_stub
+from tests.support import sample_tasks
+from tests.support.pools import running_pool
+from tests.support.rpc import SQUARE, call, dispatcher_stub, run, status, worker_stub
 from workers.protocol.worker_pb2 import Result, Task, TaskBatch
 
 pytestmark = pytest.mark.integration
@@ -39,11 +39,11 @@ functions = st.one_of(
     st.sampled_from(
         [
             SQUARE,
-            "tests.sample_tasks:async_double",
-            "tests.sample_tasks:fail",
-            "tests.sample_tasks:NOT_CALLABLE",
-            "tests.sample_tasks:square.__call__",
-            "tests.sample_tasks:",
+            "tests.support.sample_tasks:async_double",
+            "tests.support.sample_tasks:fail",
+            "tests.support.sample_tasks:NOT_CALLABLE",
+            "tests.support.sample_tasks:square.__call__",
+            "tests.support.sample_tasks:",
             ":square",
             "no_such_module:f",
             "os.path:no_such_name",

@@ -22,9 +22,9 @@ from pool import Client
 from pool.client.rendezvous import locate
 from pool.dispatcher_pb2 import ListWorkersRequest
 from pool.dispatcher_pb2_grpc import DispatcherStub
-from tests import sample_tasks
-from tests.pools import running_pool
-from tests.streams import make_info
+from tests.support import sample_tasks
+from tests.support.pools import running_pool
+from tests.support.streams import make_info
 from workers.common.serving import is_loopback
 from workers.protocol import auth
 from workers.protocol.worker_pb2 import TaskBatch

@@ -10,10 +10,10 @@ import pytest
 from pool import Client
 from pool.dispatcher.service import MAX_STREAM_TASKS
 from pool.dispatcher_pb2 import ListWorkersRequest
-from tests import sample_tasks
-from tests.helpers import wait_until
-from tests.pools import running_pool
-from tests.rpc import dispatcher_stub
+from tests.support import sample_tasks
+from tests.support.helpers import wait_until
+from tests.support.pools import running_pool
+from tests.support.rpc import dispatcher_stub
 from workers.protocol.stream import MAX_BATCH_TASKS
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]

@@ -21,8 +21,8 @@ import pytest
 import pool
 from discovery import paths
 from pool import AsyncClient, Client, Pool
-from tests import data_tasks
-from tests.helpers import wait_until
+from tests.support import data_tasks
+from tests.support.helpers import wait_until
 from workers.protocol import owners, payload, segments
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]

@@ -22,9 +22,9 @@ import pytest
 
 from discovery import list_workers, paths
 from pool import Client, PoolNotRunning
-from tests import data_tasks
-from tests.helpers import DEADLINE_S, python_module, wait_until
-from tests.pools import pool_command, running_pool
+from tests.support import data_tasks
+from tests.support.helpers import DEADLINE_S, python_module, wait_until
+from tests.support.pools import pool_command, running_pool
 from workers.protocol import owners, segments
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
@@ -76,7 +76,7 @@ def test_a_client_killed_while_it_writes_leaves_nothing(namespace: str) -> None:
     rng = random.Random(1)
     with running_pool(namespace, "--workers", "2"):
         for _ in range(ROUNDS):
-            sender = python_module("tests.data_client", namespace)
+            sender = python_module("tests.support.data_client", namespace)
             assert sender.stdout is not None
             owner = sender.stdout.readline().split()[1]
             for _ in range(rng.randint(1, 4)):

@@ -21,10 +21,10 @@ from pool import (
     PoolNotRunning,
     TaskTimeout,
 )
-from tests import sample_tasks
-from tests.helpers import wait_until
-from tests.pools import processes_mentioning
-from tests.streams import eventually
+from tests.support import sample_tasks
+from tests.support.helpers import wait_until
+from tests.support.pools import processes_mentioning
+from tests.support.streams import eventually
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 
@@ -103,7 +103,7 @@ def test_bad_tasks_fail_clearly(pool: Pool) -> None:
         with pytest.raises(BadTask, match="cannot import module 'no_such_module'"):
             client.submit("no_such_module:f").result(timeout=30)
         with pytest.raises(BadTask, match="is a int, not a callable"):
-            client.submit("tests.sample_tasks:NOT_CALLABLE").result(timeout=30)
+            client.submit("tests.support.sample_tasks:NOT_CALLABLE").result(timeout=30)
         with pytest.raises(TypeError, match="'int' object is not callable"):
             client.submit(42).result(timeout=30)  # type: ignore[arg-type]
         lock = threading.Lock()

@@ -20,10 +20,10 @@ import pytest
 import yaml
 
 from pool import Client
-from tests import sample_tasks
-from tests.helpers import ROOT, LineReader, children_of, wait_until
-from tests.pools import http_get
-from tests.redis_server import RedisServer, free_port
+from tests.support import sample_tasks
+from tests.support.helpers import ROOT, LineReader, children_of, wait_until
+from tests.support.pools import http_get
+from tests.support.redis_server import RedisServer, free_port
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(90)]
 

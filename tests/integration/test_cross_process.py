@@ -8,7 +8,7 @@ import uuid
 import pytest
 
 from discovery import LocalDiscovery, paths
-from tests.helpers import agent
+from tests.support.helpers import agent
 
 pytestmark = pytest.mark.integration
 

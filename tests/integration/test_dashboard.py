@@ -21,8 +21,8 @@ from typing import Any
 import pytest
 
 from pool import Client, Pool
-from tests.helpers import ROOT, wait_until
-from tests.pools import (
+from tests.support.helpers import ROOT, wait_until
+from tests.support.pools import (
     dashboard_url,
     http_get,
     metrics_of,

@@ -14,13 +14,13 @@ import pytest
 
 from pool.cli.inspect import ask_dispatcher
 from pool.client.rendezvous import Locator, Target
-from tests import sample_tasks
-from tests.helpers import wait_until
 from tests.integration.test_dashboard import ARTIFACTS
 from tests.integration.test_dispatchers import Hosts, kill_host, sent_by_dispatcher
-from tests.pools import dashboard_url
-from tests.redis_server import RedisServer
-from tests.rpc import call, submit_to, value
+from tests.support import sample_tasks
+from tests.support.helpers import wait_until
+from tests.support.pools import dashboard_url
+from tests.support.redis_server import RedisServer
+from tests.support.rpc import call, submit_to, value
 from workers.protocol.worker_pb2 import Task
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
@@ -84,7 +84,9 @@ def test_a_slot_another_dispatcher_filled_is_not_promised_again(
     def task(i: int) -> Task:
         done = str(tmp_path / f"done-{i}")
         args = call(str(started[i]), str(gate), done, i)
-        return Task(id=i, function="tests.sample_tasks:started_then_gated", args=args)
+        return Task(
+            id=i, function="tests.support.sample_tasks:started_then_gated", args=args
+        )
 
     with (
         hosts.dispatcher("a"),

@@ -25,11 +25,11 @@ from pool.cli.inspect import ask_dispatcher
 from pool.client import announcements
 from pool.client.announcements import live_sync
 from pool.client.rendezvous import Announced, Locator, Target
-from tests import sample_tasks
-from tests.helpers import wait_until
 from tests.integration.test_redis_pool import remote_worker
-from tests.pools import RunningPool, pool_command, running_pool
-from tests.redis_server import RedisServer
+from tests.support import sample_tasks
+from tests.support.helpers import wait_until
+from tests.support.pools import RunningPool, pool_command, running_pool
+from tests.support.redis_server import RedisServer
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 

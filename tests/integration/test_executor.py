@@ -22,10 +22,10 @@ import pytest
 from discovery import paths, reclaim
 from pool import Client, Pool, PoolNotRunning, RemoteTraceback
 from pool.dispatcher_pb2 import ListWorkersRequest
-from tests import sample_tasks
-from tests.helpers import wait_until
-from tests.pools import RunningPool, processes_mentioning
-from tests.rpc import dispatcher_stub
+from tests.support import sample_tasks
+from tests.support.helpers import wait_until
+from tests.support.pools import RunningPool, processes_mentioning
+from tests.support.rpc import dispatcher_stub
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(90)]
 

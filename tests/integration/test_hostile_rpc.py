@@ -14,10 +14,10 @@ import pool
 from discovery import list_workers
 from pool import Client
 from pool.dispatcher_pb2 import Submission, SubmissionBatch
-from tests import sample_tasks
-from tests.helpers import wait_until
-from tests.pools import running_pool
-from tests.rpc import (
+from tests.support import sample_tasks
+from tests.support.helpers import wait_until
+from tests.support.pools import running_pool
+from tests.support.rpc import (
     ASYNC_NAP,
     SQUARE,
     call,
@@ -79,9 +79,9 @@ BAD_TASKS = [
         "cannot import module 'no_such_module'",
     ),
     (
-        Task(function="tests.exits_on_import:f", args=call()),
+        Task(function="tests.support.exits_on_import:f", args=call()),
         S.NOT_FOUND,
-        "importing module 'tests.exits_on_import' raised SystemExit: 3",
+        "importing module 'tests.support.exits_on_import' raised SystemExit: 3",
     ),
     (
         Task(function="os:no_such_name", args=call()),
@@ -89,7 +89,7 @@ BAD_TASKS = [
         "module 'os' has no 'no_such_name'",
     ),
     (
-        Task(function="tests.sample_tasks:NOT_CALLABLE", args=call()),
+        Task(function="tests.support.sample_tasks:NOT_CALLABLE", args=call()),
         S.INVALID_ARGUMENT,
         "is a int, not a callable",
     ),
@@ -128,7 +128,11 @@ BAD_TASKS = [
         S.INVALID_ARGUMENT,
         "timeout_s must be a finite number",
     ),
-    (Task(function="tests.sample_tasks:fail", args=call("boom")), S.UNKNOWN, "boom"),
+    (
+        Task(function="tests.support.sample_tasks:fail", args=call("boom")),
+        S.UNKNOWN,
+        "boom",
+    ),
     # Arguments said to lie in shared memory (workers/protocol/payload.py).
     (
         Task(function=SQUARE, data=_data("../../etc/passwd")),

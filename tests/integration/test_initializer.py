@@ -14,9 +14,9 @@ import pytest
 
 import pool
 from pool import Client
-from tests import sample_tasks
-from tests.helpers import DEADLINE_S, run_script, wait_until
-from tests.pools import running_pool
+from tests.support import sample_tasks
+from tests.support.helpers import DEADLINE_S, run_script, wait_until
+from tests.support.pools import running_pool
 
 pytestmark = pytest.mark.integration
 
@@ -26,7 +26,7 @@ def test_pool_up_initializer_runs_in_each_worker_and_each_replacement(
     namespace: str, tmp_path: Path
 ) -> None:
     log = tmp_path / "init"
-    init = ["--initializer", "tests.sample_tasks:set_base"]
+    init = ["--initializer", "tests.support.sample_tasks:set_base"]
     args = ["--initarg", "41", "--initarg", str(log)]
     with running_pool(namespace, "--workers", "2", *init, *args):
         with Client(namespace) as client:
@@ -43,7 +43,12 @@ def test_pool_up_initializer_runs_in_each_worker_and_each_replacement(
 def test_a_failing_initializer_fails_every_task_with_its_own_exception(
     namespace: str,
 ) -> None:
-    init = ["--initializer", "tests.sample_tasks:refuse_to_start", "--initarg", "no"]
+    init = [
+        "--initializer",
+        "tests.support.sample_tasks:refuse_to_start",
+        "--initarg",
+        "no",
+    ]
     with running_pool(namespace, "--workers", "2", *init) as up:
         assert " workers=0 " in up.ready_line  # (none started)
         with Client(namespace) as client:

@@ -27,8 +27,8 @@ from discovery import paths
 from pool import Client, Pool
 from pool.cli.inspect import dispatcher_view
 from pool.client.rendezvous import Locator
-from tests import joblib_tasks
-from tests.helpers import DEADLINE_S, wait_until
+from tests.support import joblib_tasks
+from tests.support.helpers import DEADLINE_S, wait_until
 from workers.protocol import owners
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
@@ -62,7 +62,7 @@ def test_scikit_learn_on_a_pool_of_its_own_gives_what_loky_gives() -> None:
         [
             sys.executable,
             "-c",
-            "from tests import joblib_tasks; joblib_tasks.print_fits()",
+            "from tests.support import joblib_tasks; joblib_tasks.print_fits()",
         ],
         capture_output=True,
         check=True,

@@ -10,8 +10,8 @@ import subprocess
 import pytest
 
 from discovery import LocalDiscovery, LockTimeout, Publisher
-from tests.helpers import agent
-from tests.streams import make_info
+from tests.support.helpers import agent
+from tests.support.streams import make_info
 
 pytestmark = pytest.mark.integration
 

@@ -12,9 +12,9 @@ import pytest
 
 from discovery import LocalDiscovery, Subscriber, list_workers
 from discovery.liveness import liveness_path, pid_namespace
-from tests.helpers import agent
-from tests.pools import pool_command, running_pool, watching
-from tests.streams import eventually, follow, make_info, next_event, raw_writer
+from tests.support.helpers import agent
+from tests.support.pools import pool_command, running_pool, watching
+from tests.support.streams import eventually, follow, make_info, next_event, raw_writer
 
 pytestmark = pytest.mark.integration
 
@@ -128,7 +128,9 @@ def test_killed_workers_drop_and_are_replaced(namespace: str, kills: int) -> Non
         pool.lines.wait_counts(wanted, 30)
         after = {w.pid for w in list_workers(namespace)}
         assert len(after) == 4 and not after & set(victims)
-        done = pool_command("submit", "-n", namespace, "tests.sample_tasks:square", "3")
+        done = pool_command(
+            "submit", "-n", namespace, "tests.support.sample_tasks:square", "3"
+        )
         assert done.stdout == "9\n"
 
 

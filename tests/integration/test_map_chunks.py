@@ -13,8 +13,8 @@ import pytest
 
 from pool import AsyncClient, Client, Pool
 from pool.client.core import MIN_CHUNKS
-from tests import sample_tasks
-from tests.helpers import wait_until
+from tests.support import sample_tasks
+from tests.support.helpers import wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 

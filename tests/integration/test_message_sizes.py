@@ -10,8 +10,8 @@ import os
 import pytest
 
 from pool import Client
-from tests.helpers import DEADLINE_S
-from tests.pools import running_pool
+from tests.support.helpers import DEADLINE_S
+from tests.support.pools import running_pool
 
 pytestmark = pytest.mark.integration
 

@@ -12,8 +12,8 @@ from typing import Any
 
 import pytest
 
-from tests.helpers import ROOT
-from tests.pools import running_pool
+from tests.support.helpers import ROOT
+from tests.support.pools import running_pool
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
 

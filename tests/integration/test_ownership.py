@@ -17,7 +17,7 @@ from discovery import (
     sweep_dead,
 )
 from discovery.registry import Registry
-from tests.helpers import agent
+from tests.support.helpers import agent
 
 pytestmark = pytest.mark.integration
 

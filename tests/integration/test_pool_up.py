@@ -18,9 +18,14 @@ from pool import (
 from pool.client.rendezvous import locate
 from pool.dispatcher_pb2 import ListWorkersRequest, SubmissionBatch
 from pool.dispatcher_pb2_grpc import DispatcherStub
-from tests import sample_tasks
-from tests.helpers import wait_until
-from tests.pools import pool_command, processes_mentioning, running_pool, watching
+from tests.support import sample_tasks
+from tests.support.helpers import wait_until
+from tests.support.pools import (
+    pool_command,
+    processes_mentioning,
+    running_pool,
+    watching,
+)
 from workers.protocol import auth
 from workers.protocol.worker_pb2 import Task, TaskBatch
 from workers.protocol.worker_pb2_grpc import WorkerStub
@@ -43,17 +48,28 @@ def test_pool_up_runs_tasks_and_every_command(namespace: str) -> None:
             assert isinstance(raised.value.__cause__, RemoteTraceback)
             assert "in fail" in str(raised.value.__cause__)
 
-        done = pool_command("submit", "-n", namespace, "tests.sample_tasks:square", "7")
+        done = pool_command(
+            "submit", "-n", namespace, "tests.support.sample_tasks:square", "7"
+        )
         assert (done.returncode, done.stdout) == (0, "49\n")
         called = pool_command(
-            "submit", "-n", namespace, "tests.sample_tasks:call", "1", "b='x'", "c=[2]"
+            "submit",
+            "-n",
+            namespace,
+            "tests.support.sample_tasks:call",
+            "1",
+            "b='x'",
+            "c=[2]",
         )
         assert called.stdout == repr("(1,) [('b', 'x'), ('c', [2])]") + "\n"
         huge = pool_command("submit", "-n", namespace, "math:factorial", "2000")
         assert huge.returncode == 0 and len(huge.stdout.strip()) == 5736
         for args, said in (
-            (["tests.sample_tasks:exit_with", "3"], "SystemExit: 3"),
-            (["tests.sample_tasks:fail", "'two\\nlines'"], "ValueError: two lines"),
+            (["tests.support.sample_tasks:exit_with", "3"], "SystemExit: 3"),
+            (
+                ["tests.support.sample_tasks:fail", "'two\\nlines'"],
+                "ValueError: two lines",
+            ),
         ):
             failed = pool_command("submit", "-n", namespace, *args)
             assert failed.returncode == 1

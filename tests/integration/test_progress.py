@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import DEADLINE_S, ROOT
+from tests.support.helpers import DEADLINE_S, ROOT
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 

@@ -16,9 +16,9 @@ import pytest
 from discovery import list_workers, paths
 from pool import Client, Pool, WorkerLost
 from pool.supervisor import sweep
-from tests import sample_tasks
-from tests.helpers import ROOT, children_of, wait_until
-from tests.pools import RunningPool, processes_mentioning, running_pool
+from tests.support import sample_tasks
+from tests.support.helpers import ROOT, children_of, wait_until
+from tests.support.pools import RunningPool, processes_mentioning, running_pool
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
 
@@ -136,7 +136,7 @@ def test_children_start_cleanly_in_a_program_that_imported_grpc_first() -> None:
     Regression: children spawned through the event loop's fork ran gRPC's
     fork handlers and some died of SIGSEGV before they could exec."""
     run = subprocess.run(
-        [sys.executable, "-X", "faulthandler", "-m", "tests.grpc_first"],
+        [sys.executable, "-X", "faulthandler", "-m", "tests.support.grpc_first"],
         capture_output=True,
         text=True,
         timeout=110,

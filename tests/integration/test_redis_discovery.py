@@ -18,8 +18,8 @@ import redis
 from discovery import DiscoveryEvent, WorkerInfo
 from discovery.errors import WorkerAlreadyRegistered, WorkerNotRegistered
 from discovery.redis import RedisDiscovery, RedisSubscriber
-from tests.helpers import python_module
-from tests.redis_server import RedisServer
+from tests.support.helpers import python_module
+from tests.support.redis_server import RedisServer
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
 
@@ -118,7 +118,7 @@ def agent(
     """A publisher in another process, with the discovery's leases; its
     worker's uid."""
     proc = python_module(
-        *("tests.redis_agent", server.url, discovery.namespace),
+        *("tests.support.redis_agent", server.url, discovery.namespace),
         *(str(discovery.ttl_s), str(discovery.heartbeat_s)),
         stdin=True,
     )

@@ -22,9 +22,9 @@ from discovery import list_workers, paths
 from discovery.redis import registered
 from pool import Client
 from pool.client.rendezvous import locate
-from tests import sample_tasks
-from tests.helpers import ROOT, LineReader, python_module, wait_until
-from tests.pools import (
+from tests.support import sample_tasks
+from tests.support.helpers import ROOT, LineReader, python_module, wait_until
+from tests.support.pools import (
     dashboard_url,
     http_get,
     metrics_of,
@@ -32,7 +32,7 @@ from tests.pools import (
     processes_mentioning,
     running_pool,
 )
-from tests.redis_server import RedisServer
+from tests.support.redis_server import RedisServer
 from workers.protocol import auth
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(90)]
@@ -182,7 +182,7 @@ def _published(url: str, namespace: str, address: str) -> Iterator[None]:
     """A worker entry with the tag "remote" at ``address``, which nothing
     serves, published in Redis by a process of its own until exit."""
     agent = python_module(
-        *("tests.redis_agent", url, namespace, "3", "1", address, "remote"),
+        *("tests.support.redis_agent", url, namespace, "3", "1", address, "remote"),
         stdin=True,
     )
     try:
@@ -276,12 +276,16 @@ def test_a_client_of_another_machine_finds_the_pool_through_redis(
         )
 
     options = ["--discovery", url, "--host", "127.0.0.1", "--token-file", str(token)]
-    call = ["tests.sample_tasks:pid_after", "0"]
+    call = ["tests.support.sample_tasks:pid_after", "0"]
     with running_pool(namespace, "--workers", "2", *options):
         pids = {info.pid for info in registered(url, namespace)}
         assert len(pids) == 2
         done = there(
-            "submit", "tests.sample_tasks:pid_after", "0", "--token-file", str(token)
+            "submit",
+            "tests.support.sample_tasks:pid_after",
+            "0",
+            "--token-file",
+            str(token),
         )
         assert done.returncode == 0, done.stderr
         assert int(done.stdout) in pids
@@ -310,7 +314,11 @@ def test_a_client_of_another_machine_finds_the_pool_through_redis(
         with Client(namespace, discovery_url=url, token_file=str(token)) as client:
             assert set(client.map(sample_tasks.pid_after, [0.0] * 8)) <= pids
     gone = there(
-        "submit", "tests.sample_tasks:pid_after", "0", "--token-file", str(token)
+        "submit",
+        "tests.support.sample_tasks:pid_after",
+        "0",
+        "--token-file",
+        str(token),
     )
     assert gone.returncode == 1
     assert f"no dispatcher is announced in {url}" in gone.stderr

@@ -14,11 +14,11 @@ from discovery.redis import registered
 from pool import Client
 from pool.cli.inspect import dispatcher_view
 from pool.client.rendezvous import Locator
-from tests import sample_tasks
-from tests.helpers import wait_until
 from tests.integration.test_redis_pool import remote_worker
-from tests.pools import pool_command, running_pool
-from tests.redis_server import SentinelSet, free_port
+from tests.support import sample_tasks
+from tests.support.helpers import wait_until
+from tests.support.pools import pool_command, running_pool
+from tests.support.redis_server import SentinelSet, free_port
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 

@@ -19,10 +19,10 @@ import pytest
 
 from pool import Client, Pool
 from pool.dispatcher_pb2 import ListWorkersRequest
-from tests import sample_tasks
-from tests.helpers import wait_until
-from tests.pools import running_pool
-from tests.rpc import dispatcher_stub
+from tests.support import sample_tasks
+from tests.support.helpers import wait_until
+from tests.support.pools import running_pool
+from tests.support.rpc import dispatcher_stub
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 

@@ -14,8 +14,8 @@ import pytest
 
 import pool
 from pool import Client
-from tests.helpers import DEADLINE_S, run_script
-from tests.pools import running_pool
+from tests.support.helpers import DEADLINE_S, run_script
+from tests.support.pools import running_pool
 
 pytestmark = pytest.mark.integration
 

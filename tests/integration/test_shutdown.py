@@ -13,9 +13,9 @@ import pytest
 
 from discovery import owner_pid, paths
 from pool import Client, Pool, PoolStopping
-from tests import sample_tasks
-from tests.helpers import ROOT, LineReader, wait_until
-from tests.pools import processes_mentioning, running_pool
+from tests.support import sample_tasks
+from tests.support.helpers import ROOT, LineReader, wait_until
+from tests.support.pools import processes_mentioning, running_pool
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 
@@ -62,7 +62,7 @@ def test_a_drain_delivers_every_result_a_worker_finishes(
         running = client.submit(sample_tasks.started_then_gated, started, gate, done, 7)
         cli = _python(
             "-m", "pool", "submit", "-n", namespace,
-            "tests.sample_tasks:started_then_gated",
+            "tests.support.sample_tasks:started_then_gated",
             repr(cli_started), repr(gate), repr(cli_done), "8",
         )  # fmt: skip
         try:
@@ -114,7 +114,7 @@ def test_pending_futures_are_waited_for_at_interpreter_exit(
     if serving is not None:
         serving.__enter__()
     try:
-        program = _python("-m", "tests.at_exit", mode, target, gate)
+        program = _python("-m", "tests.support.at_exit", mode, target, gate)
         assert program.stdout is not None
         lines = LineReader(program.stdout)
         lines.wait_for("exiting", 60)
@@ -137,7 +137,7 @@ def test_a_killed_programs_pool_is_swept_when_the_next_pool_starts(
     """SIGKILL a program while its embedded pool runs: its workers and
     dispatcher exit by themselves, and the next pool to start, whatever its
     namespace, removes the segment and files it left."""
-    program = _python("-m", "tests.at_exit", "killed", namespace, "-")
+    program = _python("-m", "tests.support.at_exit", "killed", namespace, "-")
     assert program.stdout is not None
     try:
         LineReader(program.stdout).wait_for("ready", 60)

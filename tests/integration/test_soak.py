@@ -20,9 +20,9 @@ import pytest
 from discovery import list_workers, paths
 from pool import Client
 from pool.supervisor import sweep
-from tests import sample_tasks
-from tests.helpers import Agent, agent, wait_until
-from tests.pools import RunningPool, processes_mentioning
+from tests.support import sample_tasks
+from tests.support.helpers import Agent, agent, wait_until
+from tests.support.pools import RunningPool, processes_mentioning
 
 CYCLES = int(os.environ.get("SHMP_SOAK_CYCLES", "6"))
 SEED = int(os.environ.get("SHMP_SOAK_SEED", random.randrange(1 << 32)))

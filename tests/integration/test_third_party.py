@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import run_script
+from tests.support.helpers import run_script
 
 pytestmark = pytest.mark.integration
 

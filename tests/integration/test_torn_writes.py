@@ -18,8 +18,8 @@ from discovery import (
 )
 from discovery.liveness import liveness_path
 from discovery.registry import Registry
-from tests.helpers import agent
-from tests.streams import collecting, eventually, make_info
+from tests.support.helpers import agent
+from tests.support.streams import collecting, eventually, make_info
 
 pytestmark = pytest.mark.integration
 

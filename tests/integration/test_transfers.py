@@ -14,10 +14,10 @@ import pytest
 from pool import Client, DataGone
 from pool.client.ledger import MAX_REFETCHES, Ledger
 from pool.dispatcher_pb2 import Submission
-from tests import sample_tasks
-from tests.helpers import wait_until
-from tests.pools import running_pool
-from tests.redis_server import RedisServer
+from tests.support import sample_tasks
+from tests.support.helpers import wait_until
+from tests.support.pools import running_pool
+from tests.support.redis_server import RedisServer
 from workers.protocol import codec, transfer
 from workers.protocol.worker_pb2 import Data, Result, ResultBatch, Task, Transfer
 

@@ -13,9 +13,9 @@ import pytest
 
 from discovery import list_workers, paths
 from pool import Client
-from tests import sample_tasks
-from tests.helpers import DEADLINE_S, ROOT, wait_until
-from tests.pools import pool_command, running_pool
+from tests.support import sample_tasks
+from tests.support.helpers import DEADLINE_S, ROOT, wait_until
+from tests.support.pools import pool_command, running_pool
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 

@@ -15,9 +15,9 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from discovery import WorkerInfo, list_workers
 from pool import Client, Pool, TaskTimeout
-from tests import sample_tasks
-from tests.helpers import wait_until
-from tests.rpc import call, worker_stub
+from tests.support import sample_tasks
+from tests.support.helpers import wait_until
+from tests.support.rpc import call, worker_stub
 from workers.protocol import auth
 from workers.protocol.worker_pb2 import Task, TaskBatch
 
@@ -60,7 +60,7 @@ def test_hanging_up_cancels_the_streams_coroutine_tasks(tmp_path: Path) -> None:
         requests: queue.SimpleQueue[TaskBatch | None] = queue.SimpleQueue()
         task = Task(
             id=1,
-            function="tests.sample_tasks:async_until_cancelled",
+            function="tests.support.sample_tasks:async_until_cancelled",
             args=call(started, cancelled, done),
         )
         requests.put(TaskBatch(tasks=[task]))
@@ -91,7 +91,7 @@ def test_a_hanging_import_does_not_hold_up_the_worker(import_gate: Path) -> None
     Regression: the import ran on the worker's event loop and stalled
     everything on that worker."""
     with Pool(workers=1) as client, Client(client.namespace) as other:
-        slow = client.submit("tests.hanging_import:identity", 3)
+        slow = client.submit("tests.support.hanging_import:identity", 3)
         importing = import_gate.with_name(import_gate.name + ".importing")
         wait_until(importing.exists)  # its module is being imported
         assert other.submit(sample_tasks.square, 6).result(timeout=30) == 36

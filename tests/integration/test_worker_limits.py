@@ -12,9 +12,9 @@ import pytest
 
 import pool
 from pool import Client
-from tests import sample_tasks
-from tests.helpers import DEADLINE_S
-from tests.pools import running_pool
+from tests.support import sample_tasks
+from tests.support.helpers import DEADLINE_S
+from tests.support.pools import running_pool
 
 pytestmark = pytest.mark.integration
 

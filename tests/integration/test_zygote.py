@@ -16,9 +16,9 @@ import pytest
 
 from discovery import list_workers
 from pool import Client
-from tests import sample_tasks
-from tests.helpers import ROOT, run_script, wait_until
-from tests.pools import RunningPool, running_pool
+from tests.support import sample_tasks
+from tests.support.helpers import ROOT, run_script, wait_until
+from tests.support.pools import RunningPool, running_pool
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
 
@@ -100,7 +100,7 @@ def test_forked_workers_inherit_nothing_through_64_replacements(
             for _ in range(4):
                 first = [f for f in busy if not f.done()][:FIRST_IN_LINE]
                 current = {w.pid for w in list_workers(namespace)}
-                for pid in current:  # (stopped first: see tests/grpc_first.py)
+                for pid in current:  # (stopped first: see tests/support/grpc_first.py)
                     os.kill(pid, signal.SIGSTOP)
                 for pid in current:
                     os.kill(pid, signal.SIGKILL)
@@ -198,7 +198,7 @@ def test_a_script_without_a_main_guard_is_not_run_again_in_the_workers(
     marker = tmp_path / "runs"
     script.write_text(
         "import pool\n"
-        "from tests import sample_tasks\n"
+        "from tests.support import sample_tasks\n"
         f"with open({str(marker)!r}, 'a') as out:\n"
         "    out.write('ran\\n')\n"
         "with pool.Pool(workers=2) as client:\n"
@@ -222,8 +222,8 @@ import asyncio, os, sys, threading
 sys.path.insert(0, {root!r})
 import uvloop
 from pool.supervisor.zygote import Zygote
-from tests.helpers import children_of, wait_until
-from tests.sample_tasks import HoldFd
+from tests.support.helpers import children_of, wait_until
+from tests.support.sample_tasks import HoldFd
 
 async def main():
     zygote = Zygote()
@@ -243,7 +243,9 @@ async def main():
     r, w = os.pipe()  # (the child, if left running, waits for w to close)
     try:
         spawning = asyncio.ensure_future(
-            zygote.spawn("tests.sample_tasks:read_to_eof", HoldFd(), {{"fd": r}})
+            zygote.spawn(
+                "tests.support.sample_tasks:read_to_eof", HoldFd(), {{"fd": r}}
+            )
         )
         await asyncio.to_thread(forked.wait, 30)
         spawning.cancel()  # (while its thread has the child's pid in hand)

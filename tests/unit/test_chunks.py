@@ -13,7 +13,7 @@ from pool.client.core import (
     Submissions,
     auto_chunksize,
 )
-from tests import sample_tasks
+from tests.support import sample_tasks
 from workers.protocol import codec
 from workers.protocol.errors import RemoteTraceback
 

@@ -13,7 +13,7 @@ from pool import PoolNotRunning, RemoteTraceback
 from pool.client.core import Submissions
 from pool.client.ledger import Ledger
 from pool.client.loop import FutureHandler
-from tests import sample_tasks
+from tests.support import sample_tasks
 from workers.protocol import codec
 from workers.protocol.stream import MAX_BATCH_TASKS
 from workers.protocol.worker_pb2 import Result, ResultBatch

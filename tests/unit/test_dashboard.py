@@ -17,7 +17,7 @@ from pool.errors import WorkerLost
 from pool.supervisor.dashboard import is_loopback, listen_address
 from pool.supervisor.dashboard.board import GONE_KEEP_S, MAP_KEEP_S, MAX_EVENTS, Board
 from pool.supervisor.dashboard.metrics import Metrics
-from tests.streams import make_info
+from tests.support.streams import make_info
 from workers.protocol import codec
 from workers.protocol.worker_pb2 import MapPart, Result, Task
 

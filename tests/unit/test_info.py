@@ -4,7 +4,7 @@ import uuid
 import pytest
 
 from discovery import DiscoveryEvent, WorkerInfo
-from tests.streams import make_info
+from tests.support.streams import make_info
 
 
 def test_worker_info_round_trips_through_protobuf() -> None:

@@ -25,7 +25,13 @@ from discovery import (
     paths,
 )
 from discovery.lock import RegistryLock
-from tests.streams import events_until, follow, make_info, next_event, raw_writer
+from tests.support.streams import (
+    events_until,
+    follow,
+    make_info,
+    next_event,
+    raw_writer,
+)
 
 
 async def test_lifecycle_events_in_order(namespace: str) -> None:

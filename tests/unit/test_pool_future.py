@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from pool.client.futures import PoolFuture
-from tests.helpers import DEADLINE_S
+from tests.support.helpers import DEADLINE_S
 
 pytestmark = pytest.mark.timeout(30)
 

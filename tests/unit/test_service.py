@@ -14,14 +14,14 @@ import grpc
 import pytest
 from grpc import aio
 
-from tests.rpc import SQUARE, call, status, value
+from tests.support.rpc import SQUARE, call, status, value
 from workers import running
 from workers.protocol.worker_pb2 import ResultBatch, Task, TaskBatch
 from workers.protocol.worker_pb2_grpc import WorkerStub, add_WorkerServicer_to_server
 from workers.service import WorkerService
 
 pytestmark = pytest.mark.timeout(30)
-GATED = "tests.sample_tasks:gated"
+GATED = "tests.support.sample_tasks:gated"
 
 
 class Stream:

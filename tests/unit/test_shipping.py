@@ -17,7 +17,7 @@ import pytest
 
 from pool.client.core import Submissions
 from pool.client.ledger import Ledger
-from tests import sample_tasks
+from tests.support import sample_tasks
 from workers import imports
 from workers.protocol import namespaces, shipping
 from workers.protocol.errors import FunctionNotFound
@@ -35,7 +35,7 @@ def _run_in_worker(ref: shipping.Reference, *args: Any) -> Any:
 def test_importable_callables_travel_by_name_and_resolve_to_themselves() -> None:
     for fn in (sample_tasks.square, sample_tasks.Scaler.twice, sample_tasks.Scaler):
         ref = shipping.reference(fn)
-        assert not ref.by_value and ref.name.startswith("tests.sample_tasks:")
+        assert not ref.by_value and ref.name.startswith("tests.support.sample_tasks:")
         assert imports.resolve(ref.name) is fn
 
 
@@ -83,7 +83,7 @@ def test_a_wrapper_registered_under_anothers_name_goes_by_value() -> None:
     def square(x: int) -> int:
         return -x
 
-    square.__module__, square.__qualname__ = "tests.sample_tasks", "square"
+    square.__module__, square.__qualname__ = "tests.support.sample_tasks", "square"
     ref = shipping.reference(square)
     assert ref.by_value and _run_in_worker(ref, 3) == -3
 
@@ -118,13 +118,13 @@ def test_a_receiver_refuses_code_that_is_missing_or_not_its_digest() -> None:
 
 def test_a_shipped_function_needing_a_missing_module_says_where_workers_look() -> None:
     code = pickle.dumps(sample_tasks.square).replace(
-        b"tests.sample_tasks", b"tests.sample_taskz"
+        b"tests.support.sample_tasks", b"tests.support.sample_taskz"
     )
     task = Task(digest=hashlib.sha256(code).digest())
     with pytest.raises(FunctionNotFound) as raised:
         imports.find(task, code)
     message = str(raised.value)
-    assert "'tests.sample_taskz'" in message and "sys.path[0]=" in message
+    assert "'tests.support.sample_taskz'" in message and "sys.path[0]=" in message
     assert "--path" in message and "ship_modules" in message
 
 

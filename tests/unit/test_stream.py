@@ -25,7 +25,7 @@ def shipped(task_id: int) -> Task:
 
 
 def named(task_id: int) -> Task:
-    return Task(id=task_id, function="tests.sample_tasks:square")
+    return Task(id=task_id, function="tests.support.sample_tasks:square")
 
 
 def written(outgoing: Outgoing[Task]) -> tuple[list[Task], list[int]]:

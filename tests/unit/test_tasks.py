@@ -8,7 +8,7 @@ import grpc
 import pytest
 
 from pool import TaskTimeout
-from tests import sample_tasks
+from tests.support import sample_tasks
 from workers.protocol import codec
 from workers.protocol.errors import ArgumentsTooLarge, BadTask, FunctionNotFound
 
@@ -34,11 +34,13 @@ def test_arguments_naming_a_module_the_worker_lacks_say_what_to_do() -> None:
 
     Regression: it was a bare "arguments do not unpickle: ModuleNotFoundError"."""
     data = codec.dump_call((sample_tasks.Scaler(2),), {})
-    data = data.replace(b"tests.sample_tasks", b"tests.sample_taskz")
+    data = data.replace(b"tests.support.sample_tasks", b"tests.support.sample_taskz")
     with pytest.raises(FunctionNotFound) as raised:
         codec.load_call(data)
     message = str(raised.value)
-    assert message.startswith("the task's arguments need module 'tests.sample_taskz'")
+    assert message.startswith(
+        "the task's arguments need module 'tests.support.sample_taskz'"
+    )
     assert "--path" in message and "ship_modules=[module]" in message
 
 
@@ -53,7 +55,7 @@ def test_an_exception_that_cannot_be_printed_still_makes_a_failure() -> None:
     except sample_tasks.BadStr as exc:
         failure = codec.failure_of(exc)
     assert failure.message == "<BadStr: str() failed>"
-    assert failure.type == "tests.sample_tasks.BadStr"
+    assert failure.type == "tests.support.sample_tasks.BadStr"
     assert codec.status_of(failure) == grpc.StatusCode.UNKNOWN
     rebuilt = codec.exception_of(failure)
     assert isinstance(rebuilt, sample_tasks.BadStr) and rebuilt.args == ("hidden",)

@@ -1,4 +1,4 @@
-"""Helper processes for cross-process tests: ``python -m tests.agents ROLE NS``.
+"""Helper processes for cross-process tests: ``python -m tests.support.agents ROLE NS``.
 
 Each reads JSON commands on stdin, one a line, and answers JSON lines on
 stdout; end of stdin means exit cleanly. Roles:
@@ -34,7 +34,7 @@ from discovery import DiscoveryEvent, LocalDiscovery, Publisher, Subscriber, Wor
 from discovery.liveness import Liveness
 from discovery.lock import RegistryLock
 from discovery.registry import Registry
-from tests.helpers import children_of
+from tests.support.helpers import children_of
 
 
 def say(**message: Any) -> None:

@@ -1,4 +1,4 @@
-"""Task functions of the data-plane tests (importable as tests.data_tasks):
+"""Task functions of the data-plane tests (importable as tests.support.data_tasks):
 they describe what a worker received, and return large values."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from typing import Any
 
 import numpy as np
 
-from tests.sample_tasks import gated
+from tests.support.sample_tasks import gated
 
 
 def identity(value: Any) -> Any:

@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 from joblib import Parallel, delayed, parallel_config
 
-from tests.sample_tasks import gated
+from tests.support.sample_tasks import gated
 
 
 def fits() -> tuple[Any, ...]:

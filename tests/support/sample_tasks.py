@@ -1,4 +1,5 @@
-"""Task functions the tests send to workers (importable as tests.sample_tasks)."""
+"""Task functions the tests send to workers (importable as
+``tests.support.sample_tasks``)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """A program that imports grpc before pool, runs an embedded pool and has
 all its workers killed and replaced, again and again:
-``python -X faulthandler -m tests.grpc_first``. Prints ``replaced N`` at the
+``python -X faulthandler -m tests.support.grpc_first``. Prints ``replaced N`` at the
 end; a child that crashed before it could exec prints a fatal error."""
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ import grpc  # first, before pool sets GRPC_ENABLE_FORK_SUPPORT
 
 from discovery import list_workers
 from pool import Pool
-from tests import sample_tasks
-from tests.helpers import wait_until
+from tests.support import sample_tasks
+from tests.support.helpers import wait_until
 
 WORKERS, ROUNDS = 4, 16
 

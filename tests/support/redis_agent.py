@@ -1,5 +1,6 @@
-"""A worker's publisher on Redis, in a process of its own, for tests:
-``python -m tests.redis_agent URL NAMESPACE TTL_S HEARTBEAT_S [ADDRESS [TAGS]]``.
+"""A worker's publisher on Redis, in a process of its own, for tests::
+
+    python -m tests.support.redis_agent URL NAMESPACE TTL_S HEARTBEAT_S [ADDRESS [TAGS]]
 
 Publishes one worker (its uid on stdout as ``READY <uid>``), with ADDRESS
 (default 127.0.0.1:1, where nothing listens) and comma-separated TAGS, then

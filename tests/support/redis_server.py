@@ -18,7 +18,7 @@ from typing import Any
 
 import redis
 
-from tests.helpers import DEADLINE_S, wait_until
+from tests.support.helpers import DEADLINE_S, wait_until
 
 
 def server_binary() -> str:

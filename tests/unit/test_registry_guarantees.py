@@ -1,6 +1,7 @@
-"""One regression test per defect of the reference design (DESIGN.md, list
-at the end). Each fails against the reference behaviour it names. Defect 3
-(a killed worker never drops) belongs to the liveness work."""
+"""What the shared-memory registry guarantees (``docs/architecture.md``,
+"What the registry guarantees"), each a regression test: its docstring
+names what the registry design we started from did instead ("Reference:"),
+which fails it. That a killed worker drops is ``test_liveness.py``'s."""
 
 from __future__ import annotations
 
@@ -25,11 +26,17 @@ from discovery import (
     paths,
 )
 from discovery.lock import RegistryLock
-from tests.helpers import agent
-from tests.streams import events_until, follow, make_info, next_event, raw_writer
+from tests.support.helpers import agent
+from tests.support.streams import (
+    events_until,
+    follow,
+    make_info,
+    next_event,
+    raw_writer,
+)
 
 
-async def test_defect01_whole_capacity_fits(namespace: str) -> None:
+async def test_the_registry_holds_its_whole_capacity(namespace: str) -> None:
     """Reference: the table is sized capacity*4 bytes for 16-byte slots, so
     only a quarter of the capacity fits. Here every slot is usable."""
     with LocalDiscovery(namespace, capacity=64) as discovery:
@@ -40,7 +47,7 @@ async def test_defect01_whole_capacity_fits(namespace: str) -> None:
                 await publisher.publish("worker-added", make_info())
 
 
-async def test_defect02_updated_only_for_changed_worker(namespace: str) -> None:
+async def test_updated_only_for_a_worker_that_changed(namespace: str) -> None:
     """Reference: every scan reports worker-updated for every known worker.
     Here only the changed worker is reported, and a repeat is not a change."""
     with LocalDiscovery(namespace) as discovery:
@@ -64,7 +71,7 @@ async def test_defect02_updated_only_for_changed_worker(namespace: str) -> None:
                 ]
 
 
-async def test_defect04_half_written_slot_is_never_read(namespace: str) -> None:
+async def test_a_half_written_slot_is_never_read(namespace: str) -> None:
     """Reference: readers read blocks without the lock, and a half-written
     block fails to decode and ends the subscriber. Here a slot caught
     mid-write is skipped, and read once the write completes."""
@@ -80,7 +87,7 @@ async def test_defect04_half_written_slot_is_never_read(namespace: str) -> None:
             assert (event.type, event.worker_info) == ("worker-added", info)
 
 
-async def test_defect05_drop_during_read_never_raises(namespace: str) -> None:
+async def test_a_drop_during_a_read_never_raises(namespace: str) -> None:
     """Reference: a block unlinked between the slot read and its open raises
     FileNotFoundError in the subscriber. Here another process adds and drops
     workers as fast as it can while we read: no error, and every worker's
@@ -118,7 +125,7 @@ async def _until_seen(lives, marker) -> None:  # type: ignore[no-untyped-def]
         await asyncio.sleep(0.01)
 
 
-async def test_defect06_lock_wait_is_bounded_and_idle(namespace: str) -> None:
+async def test_the_lock_wait_is_bounded_and_idle(namespace: str) -> None:
     """Reference: the lock wait spins on sleep(0) at full CPU, forever. Here it
     backs off, then fails with a typed timeout."""
     with LocalDiscovery(namespace):
@@ -137,7 +144,7 @@ async def test_defect06_lock_wait_is_bounded_and_idle(namespace: str) -> None:
     assert cpu < 0.3 * wall, f"waiting burned {cpu:.2f} s of CPU in {wall:.2f} s"
 
 
-async def test_defect07_runtime_files_private_and_unredirectable(
+async def test_runtime_files_are_private_and_unredirectable(
     namespace: str,
 ) -> None:
     """Reference: lock and notification files sit in the shared temp directory
@@ -167,7 +174,7 @@ async def test_defect07_runtime_files_private_and_unredirectable(
         victim.parent.rmdir()
 
 
-async def test_defect08_unrelated_files_do_not_wake(namespace: str) -> None:
+async def test_unrelated_files_do_not_wake_a_subscriber(namespace: str) -> None:
     """Reference: subscribers watch the whole temp directory and wake for every
     file there. Here only the namespace's notifications wake them."""
     with LocalDiscovery(namespace) as discovery:
@@ -191,7 +198,7 @@ async def test_defect08_unrelated_files_do_not_wake(namespace: str) -> None:
                 assert subscriber.stats.wakeups - before <= 2
 
 
-async def test_defect09_subscriber_waits_for_namespace(namespace: str) -> None:
+async def test_a_subscriber_waits_for_its_namespace(namespace: str) -> None:
     """Reference: a subscriber started before the namespace exists fails. Here
     it waits, and sees the namespace's workers once it appears."""
     async with follow(Subscriber(namespace, poll_interval=30)) as stream:
@@ -206,7 +213,7 @@ async def test_defect09_subscriber_waits_for_namespace(namespace: str) -> None:
                 assert (event.type, event.worker_info) == ("worker-added", info)
 
 
-async def test_defect10_defaults_agree_and_pickle_keeps_poll_interval(
+async def test_defaults_agree_and_pickling_keeps_poll_interval(
     namespace: str,
 ) -> None:
     """Reference: Publisher defaults to 512-byte blocks while LocalDiscovery
@@ -222,9 +229,7 @@ async def test_defect10_defaults_agree_and_pickle_keeps_poll_interval(
 
 
 @pytest.mark.parametrize("end", ["sigkill", "clean-exit"])
-async def test_defect11_attacher_never_unlinks_segment(
-    namespace: str, end: str
-) -> None:
+async def test_an_attacher_never_unlinks_the_segment(namespace: str, end: str) -> None:
     """Reference: attaching registers the segment with the resource tracker,
     which unlinks it (or warns of a leak) when the attaching process ends.
     Here an attacher starts no tracker, and its end leaves the registry whole."""

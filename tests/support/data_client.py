@@ -1,5 +1,5 @@
 """A client that sends large arrays to a running pool until it is killed
-(``python -m tests.data_client NAMESPACE``): it prints ``writing N`` just
+(``python -m tests.support.data_client NAMESPACE``): it prints ``writing N`` just
 before each submit, so that a test can kill it while it writes."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import sys
 import numpy as np
 
 from pool import Client
-from tests import data_tasks
+from tests.support import data_tasks
 
 
 def main() -> None:

@@ -1,5 +1,5 @@
 """A program that leaves the interpreter with work in flight:
-``python -m tests.at_exit MODE NAMESPACE GATE``.
+``python -m tests.support.at_exit MODE NAMESPACE GATE``.
 
 MODE ``client``: a Client of the pool in NAMESPACE submits a task that waits
 for the file GATE, and the program ends without shutting it down.
@@ -19,7 +19,7 @@ import sys
 import threading
 
 from pool import Client, Pool
-from tests import sample_tasks
+from tests.support import sample_tasks
 
 
 def main() -> None:

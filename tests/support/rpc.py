@@ -19,8 +19,8 @@ from workers.protocol import auth, codec
 from workers.protocol.worker_pb2 import Result, Task, TaskBatch
 from workers.protocol.worker_pb2_grpc import TransfersStub, WorkerStub
 
-SQUARE = "tests.sample_tasks:square"
-ASYNC_NAP = "tests.sample_tasks:async_nap"
+SQUARE = "tests.support.sample_tasks:square"
+ASYNC_NAP = "tests.support.sample_tasks:async_nap"
 
 
 def call(*args: Any, **kwargs: Any) -> bytes:

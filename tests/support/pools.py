@@ -16,7 +16,7 @@ from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.helpers import DEADLINE_S, ROOT, LineReader
+from tests.support.helpers import DEADLINE_S, ROOT, LineReader
 
 
 def pool_command(

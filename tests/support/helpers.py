@@ -16,7 +16,7 @@ from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 DEADLINE_S = 10.0
 
 
@@ -85,7 +85,7 @@ class Agent:
     def __init__(self, *args: str, prefix: Sequence[str] = ()) -> None:
         env = {**os.environ, "PYTHONPATH": str(ROOT)}
         self.proc = subprocess.Popen(
-            [*prefix, sys.executable, "-m", "tests.agents", *args],
+            [*prefix, sys.executable, "-m", "tests.support.agents", *args],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
