@@ -8,7 +8,7 @@ import uuid
 import pytest
 
 from discovery import WorkerInfo, paths
-from pool.dispatcher.server import refusal
+from pool.dispatcher.admission import refusal
 
 
 def _worker(address: str, **extra: str) -> WorkerInfo:
