@@ -222,7 +222,7 @@ async def _drain(service: WorkerService, grace_s: float) -> None:
             await service.wait_idle()
     except TimeoutError:
         log.warning(
-            "%d task(s) still running after %g s; leaving", service.running, grace_s
+            "%d task(s) still running after %g s; leaving", service.unanswered, grace_s
         )
 
 
@@ -272,7 +272,7 @@ class _Reporter:
 def _counters(service: WorkerService) -> dict[str, str]:
     return {
         "running": str(service.active + service.stuck),
-        "held": str(service.running - service.active),
+        "held": str(service.unanswered - service.active),
         "stuck": str(service.stuck),
         "done": str(service.done),
         "failed": str(service.failed),

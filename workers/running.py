@@ -9,9 +9,10 @@ running (:class:`PaceMeter`).
 from __future__ import annotations
 
 import asyncio
+import enum
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Final
+from typing import Any, Final, Literal
 
 from workers.common.offload import Offload
 from workers.protocol import codec, transfer
@@ -48,10 +49,39 @@ class Stream(Incoming["Entry"]):
             transfer.ARRIVED.release(entry.uploaded)
 
 
+class Phase(enum.Enum):
+    """Where a task this worker took is; :class:`Entry`'s methods are the
+    only transitions::
+
+        HELD ──take──> RUNNING ──ran──> RAN
+         │               │               │
+       settle          settle          settle
+         v               v               v
+      ANSWERED  <──unstick── STUCK    ANSWERED
+
+    A plain task's slot thread takes and runs it (under the claim lock); a
+    coroutine task is never taken, and goes from HELD to ANSWERED. STUCK:
+    answered (timed out, its stream gone) while its thread still runs it.
+    """
+
+    HELD = "held"  # not started by a thread: it may be withdrawn
+    RUNNING = "running"  # a slot thread runs it now
+    RAN = "ran"  # its thread returned; the loop has not answered yet
+    STUCK = "stuck"
+    ANSWERED = "answered"
+
+
+ANSWERED: Final = frozenset({Phase.STUCK, Phase.ANSWERED})
+
+
 @dataclass(eq=False, slots=True)
 class Entry:
     """A task this worker has taken and not yet answered: held (it may be
-    withdrawn), then started by a slot thread (it runs)."""
+    withdrawn), then started by a slot thread (it runs). Its ``phase``
+    changes only through the methods below: on the loop for a coroutine
+    task, under the claim lock for a plain one. ``started`` is another
+    fact: that its start was reported (on the loop, after the thread took
+    it)."""
 
     task: Task
     stream: Stream
@@ -59,15 +89,11 @@ class Entry:
     fn: Callable[..., Any] | None = None  # what it calls, once found
     job: asyncio.Task[None] | None = None  # a coroutine function's run
     timer: asyncio.TimerHandle | None = None
-    coroutine: bool = False  # runs on the loop (cancellable while it runs)
+    # Once its callable is found: "coroutine" runs on the loop (cancellable
+    # while it runs), "plain" in a slot thread.
+    kind: Literal["unknown", "plain", "coroutine"] = "unknown"
+    phase: Phase = Phase.HELD
     started: bool = False  # its start was reported (on the loop)
-    plain: bool = False  # handed to the slot threads
-    running: bool = False  # a slot thread runs it now (under the claim lock)
-    # A slot thread took it (under the claim lock; never unset): it ran or
-    # runs here, so it is not withdrawn, even before the loop hears it ended.
-    taken: bool = False
-    answered: bool = False  # (plain tasks: set under the claim lock)
-    stuck: bool = False  # answered while its thread still runs it
     # The token of its arguments, if a client of another machine uploads
     # them (workers.protocol.transfer): held here until it is answered.
     uploaded: bytes = b""
@@ -76,6 +102,40 @@ class Entry:
         if (held := transfer.transfer_of(self.task)) is not None:
             self.uploaded = held.token
             transfer.ARRIVED.claim(held.token)
+
+    @property
+    def answered(self) -> bool:
+        return self.phase in ANSWERED
+
+    def take(self) -> bool:
+        """A slot thread starts it, unless it was answered (withdrawn, handed
+        back, its stream ended): whether it does."""
+        if self.phase is not Phase.HELD:
+            return False
+        self.phase = Phase.RUNNING
+        return True
+
+    def ran(self) -> None:
+        """Its thread returned (an answer already sent stays sent)."""
+        if self.phase is Phase.RUNNING:
+            self.phase = Phase.RAN
+
+    def settle(self, *, withdraw: bool = False) -> bool:
+        """Answer it now, once; with ``withdraw``, only while no thread has
+        taken it. Whether it is answered now: False if it was already, or a
+        thread has it and ``withdraw`` was asked."""
+        if self.phase in ANSWERED or (withdraw and self.phase is not Phase.HELD):
+            return False
+        running = self.phase is Phase.RUNNING
+        self.phase = Phase.STUCK if running else Phase.ANSWERED
+        return True
+
+    def unstick(self) -> bool:
+        """Its thread returned after its answer went: whether it was stuck."""
+        if self.phase is not Phase.STUCK:
+            return False
+        self.phase = Phase.ANSWERED
+        return True
 
 
 def run_plain(entry: Entry, max_args_bytes: int, writer: DataOwner | None) -> Result:

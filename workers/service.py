@@ -57,7 +57,7 @@ from workers.protocol import codec, worker_pb2_grpc
 from workers.protocol.errors import BadTask, TaskTimeout
 from workers.protocol.owners import DataOwner
 from workers.protocol.worker_pb2 import Result, ResultBatch, Task, TaskBatch
-from workers.running import Entry, PaceMeter, Stream, failed, timed
+from workers.running import Entry, PaceMeter, Phase, Stream, failed, timed
 from workers.slots import SlotThreads
 
 _ALL_STUCK: Final = (
@@ -124,7 +124,7 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
         self._idle.set()  # (nothing runs yet)
         self.draining = False
         self._ending = False  # end_streams was called
-        self.running = 0  # tasks taken and not answered
+        self.unanswered = 0  # tasks taken and not answered
         self.active = 0  # of those, the ones started (reported so)
         self.stuck = 0  # slot threads still running a task already answered
         # Set whenever ``stuck`` changes (capacity follows it, published at once).
@@ -158,7 +158,7 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
         stream = Stream()
         self._streams.add(stream)
         self._sharing = self._sharing or len(self._streams) > 1
-        stream.outbox.others(self.running)  # (another dispatcher's, if any)
+        stream.outbox.others(self.unanswered)  # (another dispatcher's, if any)
         if self._ending:  # (a dispatcher reconnecting to a worker on its way out)
             stream.outbox.close()
 
@@ -211,7 +211,7 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
             return
         entry = Entry(task, stream, code)
         stream.entries[task.id] = entry
-        self.running += 1
+        self.unanswered += 1
         self._share(stream)
         self._idle.clear()
         if (fn := imports.found(task)) is None:
@@ -226,7 +226,7 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
         if self._sharing:  # (once a second stream came: it may be gone again)
             for stream in self._streams:
                 if stream is not changed:
-                    stream.outbox.others(self.running - len(stream.entries))
+                    stream.outbox.others(self.unanswered - len(stream.entries))
 
     def _find(self, entry: Entry) -> None:
         """Find a held task's callable in a thread (an import may take long,
@@ -259,10 +259,10 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
         task = entry.task
         if task.chunk:
             fn = functools.partial(codec.run_chunk, fn)
-        elif inspect.iscoroutinefunction(fn):
-            entry.coroutine = True
+        coroutine = not task.chunk and inspect.iscoroutinefunction(fn)
+        entry.kind = "coroutine" if coroutine else "plain"
         entry.fn, entry.code = fn, b""
-        if entry.coroutine:
+        if coroutine:
             with self._claim:
                 allowed = self.limits.take_start()
             if not allowed:
@@ -311,8 +311,8 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
 
     def _plain_done(self, entry: Entry, result: Result, elapsed: float) -> None:
         self.pace.note(elapsed)
-        if entry.stuck:  # its answer went long ago; the thread is free again
-            entry.stuck = False
+        # (Its thread is done with it: only the loop changes a stuck task.)
+        if entry.unstick():  # its answer went long ago; the thread is free again
             self.stuck -= 1
             self.stuck_changed.set()
             self._on_change()
@@ -325,7 +325,7 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
         """Withdraw a held task; cancel a running coroutine; a started plain
         task runs on (its start was, or is being, reported)."""
         cancelled = failed(entry.task.id, codec.cancelled())
-        if entry.coroutine and entry.job is not None:
+        if entry.kind == "coroutine" and entry.job is not None:
             entry.job.cancel()
             self._answer(entry, cancelled)
         else:
@@ -357,7 +357,7 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
         with ``coroutines`` those waiting for their callable too."""
         for stream in self._streams:
             for entry in list(stream.entries.values()):
-                if not entry.started and (coroutines or not entry.coroutine):
+                if not entry.started and (coroutines or entry.kind != "coroutine"):
                     failure = codec.rejected(reason)
                     self._answer(entry, failed(entry.task.id, failure), withdraw=True)
 
@@ -366,18 +366,15 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
     ) -> None:
         """Settle a task once: send ``result`` (None: nobody to send it to);
         with ``withdraw``, only if no slot thread has started it."""
-        if entry.plain:
+        if entry.kind == "plain":
             with self._claim:  # decide against a slot thread taking it now
-                if entry.answered or (withdraw and entry.taken):
+                if not entry.settle(withdraw=withdraw):
                     return
-                entry.answered = True
-                entry.stuck = entry.running
-        elif entry.answered:
+        elif not entry.settle(withdraw=withdraw):
             return
-        entry.answered = True
         if entry.timer is not None:
             entry.timer.cancel()
-        self.running -= 1
+        self.unanswered -= 1
         self.active -= entry.started
         if result is not None:
             self.done += 1
@@ -386,9 +383,9 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
         self._share(entry.stream)
         if entry.started and self.limits.after_task():
             self.retire()
-        if not self.running:
+        if not self.unanswered:
             self._idle.set()
-        if entry.stuck:
+        if entry.phase is Phase.STUCK:
             self.stuck += 1
             self.stuck_changed.set()
             if self.free_threads == 0:

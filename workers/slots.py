@@ -91,7 +91,6 @@ class SlotThreads:
 
     def put(self, entry: Entry) -> None:
         """Start ``entry`` once a thread is free, after those put before."""
-        entry.plain = True
         self._queue.put(entry)
 
     def close(self) -> None:
@@ -108,7 +107,7 @@ class SlotThreads:
                 if not self._limits.take_start():  # retiring: not here
                     self._loop.call_soon_threadsafe(self._refuse, entry)
                     continue
-                entry.running = entry.taken = True  # no withdrawal from now on
+                entry.take()  # no withdrawal from now on
                 self.news.starts.append(entry)
                 call = self.news.due()
             if call:
@@ -119,7 +118,7 @@ class SlotThreads:
             result = self._run(entry)
             elapsed = time.perf_counter() - started
             with self.claim:
-                entry.running = False
+                entry.ran()
                 self.news.ended.append((entry, timed(result, index, elapsed), elapsed))
                 call = self.news.due()
             if call:
