@@ -109,6 +109,11 @@ async def main(kills: int, workers: int) -> None:
             print(f"pool up exited with {code}", file=sys.stderr)
     small, like_a_worker = await pidfd_floor(SMALL), await pidfd_floor(LIKE_A_WORKER)
     print(f"{kills} SIGKILLs of {workers} workers; times from the kill\n")
+    _table(drops, replacements, like_a_worker, small)
+
+
+def _table(*columns: list[float]) -> None:
+    drops, replacements, like_a_worker, small = columns
     print("| measure | p50 ms | max ms |")
     print("|---|--:|--:|")
     for name, values in [

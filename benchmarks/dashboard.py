@@ -53,18 +53,9 @@ def pool_up(workers: int, *args: str) -> Iterator[tuple[str, str, list[int]]]:
     """A running ``pool up``: its namespace, its ready line, and the pids of
     its supervisor and dispatcher."""
     namespace = f"bench-dash-{uuid.uuid4().hex[:8]}"
+    argv = [sys.executable, "-m", "pool", "up", "-n", namespace]
     proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "pool",
-            "up",
-            "-n",
-            namespace,
-            "--workers",
-            str(workers),
-            *args,
-        ],
+        [*argv, "--workers", str(workers), *args],
         stdout=subprocess.PIPE,
         stderr=subprocess.DEVNULL,
         stdin=subprocess.DEVNULL,
@@ -128,7 +119,7 @@ class Scraper(threading.Thread):
             self.scrapes += 1
 
 
-def main() -> None:
+def _arguments() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--rounds", type=int, default=6)
@@ -145,13 +136,74 @@ def main() -> None:
         "the ratio then says how far apart two like pools measure here",
     )
     args = parser.parse_args()
-    from playwright.sync_api import sync_playwright
-
-    rates: dict[str, list[float]] = {"plain": [], "dashboard": []}
-    cpu = {(name, role): 0.0 for name in rates for role in ROLES}
-    dashboard = () if args.control else ("--dashboard", "127.0.0.1:0")
     if args.control:
         args.browser = "none"
+    return args
+
+
+class Page:
+    """The dashboard's page in the browser, opened and closed as
+    ``--browser`` says."""
+
+    def __init__(self, browser: Any, url: str, mode: str) -> None:
+        self._browser, self._url, self._mode = browser, url, mode
+        self.page: Any = None
+
+    def open(self) -> None:
+        if self.page is None and self._mode != "none":
+            self.page = self._browser.new_page(viewport={"width": 1366, "height": 900})
+            self.page.goto(self._url)
+            self.page.wait_for_selector("#workers tbody tr")
+
+    def close(self) -> None:
+        if self.page is not None and self._mode == "with-dashboard":
+            self.page.close()
+            self.page = None
+
+    def seen(self) -> tuple[str, Any]:
+        """The bars the page shows, and how long it took to draw them."""
+        if self.page is None:
+            return "-", None
+        bars = self.page.evaluate("document.getElementById('stream').dataset.bars")
+        return bars, self.page.evaluate("window.dashboardPerf")
+
+
+Rates = dict[str, list[float]]
+Cpu = dict[tuple[str, str], float]
+
+
+def _rounds(
+    args: argparse.Namespace,
+    clients: dict[str, Client],
+    pids: dict[str, list[int]],
+    page: Page,
+) -> tuple[Rates, Cpu]:
+    """Each round, one pool then the other (alternating which first): their
+    submit rates, and the CPU their supervisor and dispatcher spent."""
+    rates: Rates = {name: [] for name in clients}
+    cpu: Cpu = {(name, role): 0.0 for name in clients for role in ROLES}
+    for client in clients.values():
+        submit_rate(client, 2000)  # warm every worker
+    page.open()
+    order = list(clients.items())
+    for round_ in range(args.rounds):
+        for name, client in order if round_ % 2 == 0 else order[::-1]:
+            if name == "dashboard":
+                page.open()
+            else:
+                page.close()
+            before = [cpu_s([pid]) for pid in pids[name]]
+            rates[name].append(submit_rate(client, args.tasks))
+            for role, pid, then in zip(ROLES, pids[name], before, strict=True):
+                cpu[name, role] += cpu_s([pid]) - then
+    return rates, cpu
+
+
+def main() -> None:
+    args = _arguments()
+    from playwright.sync_api import sync_playwright
+
+    dashboard = () if args.control else ("--dashboard", "127.0.0.1:0")
     with (
         pool_up(args.workers) as (plain_ns, _, plain_pids),
         pool_up(args.workers, *dashboard) as (dash_ns, ready, dash_pids),
@@ -165,50 +217,30 @@ def main() -> None:
         scraper = Scraper(url)
         if url:
             scraper.start()
-        page = None
-
-        def open_page() -> None:
-            nonlocal page
-            if page is None and args.browser != "none":
-                page = browser.new_page(viewport={"width": 1366, "height": 900})
-                page.goto(url)
-                page.wait_for_selector("#workers tbody tr")
-
-        def close_page() -> None:
-            nonlocal page
-            if page is not None and args.browser == "with-dashboard":
-                page.close()
-                page = None
-
-        for client in (plain, dash):
-            submit_rate(client, 2000)  # warm every worker
-        open_page()
-        for round_ in range(args.rounds):
-            order = [("plain", plain), ("dashboard", dash)]
-            for name, client in order if round_ % 2 == 0 else order[::-1]:
-                if name == "dashboard":
-                    open_page()
-                else:
-                    close_page()
-                pids = dash_pids if name == "dashboard" else plain_pids
-                before = [cpu_s([pid]) for pid in pids]
-                rates[name].append(submit_rate(client, args.tasks))
-                for role, pid, then in zip(ROLES, pids, before, strict=True):
-                    cpu[name, role] += cpu_s([pid]) - then
-        bars, drawn = "-", None
-        if page is not None:
-            bars = page.evaluate("document.getElementById('stream').dataset.bars")
-            drawn = page.evaluate("window.dashboardPerf")
+        page = Page(browser, url, args.browser)
+        clients = {"plain": plain, "dashboard": dash}
+        pids = {"plain": plain_pids, "dashboard": dash_pids}
+        rates, cpu = _rounds(args, clients, pids, page)
+        bars, drawn = page.seen()
         scraper.stop.set()
         browser.close()
+    _report(args, rates, cpu, f"{bars}), /metrics scraped {scraper.scrapes} times")
+    if drawn and drawn["renders"]:
+        mean = drawn["totalMs"] / drawn["renders"]
+        print(
+            f"  the page drew {drawn['renders']} times: {mean:.1f} ms on average, "
+            f"{drawn['maxMs']:.1f} ms at most"
+        )
+
+
+def _report(args: argparse.Namespace, rates: Rates, cpu: Cpu, seen: str) -> None:
     plain_rate = statistics.median(rates["plain"])
     dash_rate = statistics.median(rates["dashboard"])
     ratios = [d / p for d, p in zip(rates["dashboard"], rates["plain"], strict=True)]
     print(
         f"pow submits, {args.workers} workers per pool, {args.tasks} tasks a round, "
         f"{IN_FLIGHT} in flight, median of {args.rounds} rounds; browser "
-        f"{args.browser} (bars on the page at the end: {bars}), /metrics scraped "
-        f"{scraper.scrapes} times"
+        f"{args.browser} (bars on the page at the end: {seen}"
         + ("; CONTROL: both pools plain" if args.control else "")
     )
     print(f"  without --dashboard {plain_rate:>10,.0f} tasks/s")
@@ -227,12 +259,6 @@ def main() -> None:
             f"(+{dash_us - plain_us:.1f} us)"
         )
     print(f"  Telemetry.finished: {finished_ns():.0f} ns a task (median of 5)")
-    if drawn and drawn["renders"]:
-        mean = drawn["totalMs"] / drawn["renders"]
-        print(
-            f"  the page drew {drawn['renders']} times: {mean:.1f} ms on average, "
-            f"{drawn['maxMs']:.1f} ms at most"
-        )
 
 
 def finished_ns() -> float:

@@ -110,6 +110,20 @@ async def serve(config: WorkerSettings) -> None:
         stopper.close()
 
 
+def _server(
+    token: str, service: WorkerService
+) -> tuple[aio.Server, health.aio.HealthServicer]:
+    """The gRPC server, with its services: tasks, held values, health."""
+    server = aio.server(
+        interceptors=[auth.CallInterceptor(token)], options=channels.GRPC_OPTIONS
+    )
+    worker_pb2_grpc.add_WorkerServicer_to_server(service, server)  # type: ignore[no-untyped-call]
+    worker_pb2_grpc.add_TransfersServicer_to_server(transfer.HeldService(), server)  # type: ignore[no-untyped-call]
+    health_service = health.aio.HealthServicer()
+    health_pb2_grpc.add_HealthServicer_to_server(health_service, server)
+    return server, health_service
+
+
 async def _serve(config: WorkerSettings, stopper: serving.Stopper) -> None:
     token = auth.token_for(config.namespace, config.token_file)
     uid = uuid.uuid4()
@@ -124,13 +138,7 @@ async def _serve(config: WorkerSettings, stopper: serving.Stopper) -> None:
         limits=Limits(config.max_tasks_per_child, max_memory),
         writer=writer,
     )
-    server = aio.server(
-        interceptors=[auth.CallInterceptor(token)], options=channels.GRPC_OPTIONS
-    )
-    worker_pb2_grpc.add_WorkerServicer_to_server(service, server)  # type: ignore[no-untyped-call]
-    worker_pb2_grpc.add_TransfersServicer_to_server(transfer.HeldService(), server)  # type: ignore[no-untyped-call]
-    health_service = health.aio.HealthServicer()
-    health_pb2_grpc.add_HealthServicer_to_server(health_service, server)
+    server, health_service = _server(token, service)
     address, socket_path = serving.bind(
         server,
         config.host,

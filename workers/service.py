@@ -99,21 +99,21 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
         writer: DataOwner | None = None,
     ) -> None:
         _check(concurrency, max_args_bytes)
-        self.concurrency = concurrency
-        self._max_args_bytes = max_args_bytes
-        self._writer = writer
-        self.limits = limits or Limits()
+        self.concurrency, self._max_args_bytes = concurrency, max_args_bytes
+        self._writer, self.limits = writer, limits or Limits()
         self.retiring = asyncio.Event()
         self._loop = asyncio.get_running_loop()
         self._on_change = on_change
         self._offload = Offload("offload")  # imports, large arguments
-        run = functools.partial(tasks.run_plain, max_args_bytes=max_args_bytes)
+        run = functools.partial(
+            tasks.run_plain, max_args_bytes=max_args_bytes, writer=writer
+        )
         self._slots = SlotThreads(
             concurrency,
             self._loop,
             self.limits,
             take_news=self._take_news,
-            run=functools.partial(run, writer=writer),
+            run=run,
             refuse=self._refuse_held,
             retire=self.retire,
         )
@@ -122,13 +122,11 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
         self._sharing = False  # a second stream came: tell each the others'
         self._idle = asyncio.Event()
         self._idle.set()  # (nothing runs yet)
-        self.draining = False
-        self._ending = False  # end_streams was called
+        self.draining = self._ending = False  # (_ending: end_streams was called)
         self.unanswered = 0  # tasks taken and not answered
         self.active = 0  # of those, the ones started (reported so)
         self.stuck = 0  # slot threads still running a task already answered
-        # Set whenever ``stuck`` changes (capacity follows it, published at once).
-        self.stuck_changed = asyncio.Event()
+        self.stuck_changed = asyncio.Event()  # (capacity follows: published)
         self.done = self.failed = 0
         self.pace = PaceMeter()  # how long plain tasks run
 

@@ -192,6 +192,12 @@ def table(results: dict[str, dict[str, float]], settings: Settings) -> Table:
                     f"{ratio(figure, ours[figure.key], theirs):.2f}x",
                 ]
         grid.add_row(*row)
+    grid.caption = "; ".join(_notes(peers, ours))
+    return grid
+
+
+def _notes(peers: list[str], ours: dict[str, float]) -> list[str]:
+    """What the table's caption says: which peer ran how."""
     notes = ["tasks are no-ops but for the CPU row"]
     if peers:
         notes.append(
@@ -208,8 +214,7 @@ def table(results: dict[str, dict[str, float]], settings: Settings) -> Table:
         )
     if "floor" in ours and "rtt" in ours:
         notes.append(f"round trip / floor: {ours['rtt'] / ours['floor']:.2f}x")
-    grid.caption = "; ".join(notes)
-    return grid
+    return notes
 
 
 def _number(value: float) -> str:

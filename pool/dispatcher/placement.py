@@ -92,12 +92,9 @@ class Router:
     ) -> None:
         if max_attempts < 1:
             raise ValueError(f"max_attempts must be at least 1, got {max_attempts}")
-        self.namespace = namespace
-        self._connect = connect
-        self._is_alive = is_alive
-        self._on_linked = on_linked
+        self.namespace, self._connect, self._is_alive = namespace, connect, is_alive
+        self._on_linked, self._max_attempts = on_linked, max_attempts
         self._no_worker_timeout_s = no_worker_timeout_s
-        self._max_attempts = max_attempts
         self._ids = itertools.count(1)
         self._roster = Roster(
             namespace,

@@ -76,44 +76,13 @@ async def serve(settings: DispatcherSettings, tls_ca: bytes | None = None) -> No
             max_queued=settings.max_queued,
             on_linked=reports.linked,
         )
-        server = aio.server(
-            interceptors=[auth.CallInterceptor(token)],
-            options=channels.GRPC_OPTIONS,
-        )
-        service = DispatcherService(router, min(MAX_STREAM_TASKS, settings.max_queued))
-        dispatcher_pb2_grpc.add_DispatcherServicer_to_server(service, server)  # type: ignore[no-untyped-call]
-        relay = RelayService(router.links.get)
-        worker_pb2_grpc.add_TransfersServicer_to_server(relay, server)  # type: ignore[no-untyped-call]
+        server, service = _server(token, router, settings.max_queued)
         ready, socket_path = _bind(server, settings)
         await server.start()
         reports.open(settings.report_fd)
         try:
-            async with router, asyncio.TaskGroup() as group:
-                following = group.create_task(
-                    admission.follow(
-                        settings.namespace,
-                        router,
-                        settings.discovery_url,
-                        tls_ca is not None,
-                    )
-                )
-                reporting = None
-                if settings.telemetry:
-                    router.telemetry = Telemetry()
-                    reporting = group.create_task(
-                        supervised.report_stats(router, reports)
-                    )
-                obeying = None
-                if settings.control_fd is not None:
-                    fd = settings.control_fd
-                    obeying = group.create_task(supervised.obey(fd, router, stopper))
-                serving.announce_ready(settings.ready_fd, **ready)
-                await stopper.wait()
-                following.cancel()
-                await _finish(router, service)
-                for task in (obeying, reporting):
-                    if task is not None:
-                        task.cancel()
+            async with router:
+                await _run(settings, router, service, ready, stopper, reports)
         finally:
             reports.close()
             await server.stop(1.0)
@@ -121,6 +90,53 @@ async def serve(settings: DispatcherSettings, tls_ca: bytes | None = None) -> No
                 socket_path.unlink(missing_ok=True)
     finally:
         stopper.close()
+
+
+def _server(
+    token: str, router: Router, max_queued: int
+) -> tuple[aio.Server, DispatcherService]:
+    """The gRPC server, with its services: the clients' and the transfers'."""
+    server = aio.server(
+        interceptors=[auth.CallInterceptor(token)], options=channels.GRPC_OPTIONS
+    )
+    service = DispatcherService(router, min(MAX_STREAM_TASKS, max_queued))
+    dispatcher_pb2_grpc.add_DispatcherServicer_to_server(service, server)  # type: ignore[no-untyped-call]
+    relay = RelayService(router.links.get)
+    worker_pb2_grpc.add_TransfersServicer_to_server(relay, server)  # type: ignore[no-untyped-call]
+    return server, service
+
+
+async def _run(
+    settings: DispatcherSettings,
+    router: Router,
+    service: DispatcherService,
+    ready: dict[str, object],
+    stopper: serving.Stopper,
+    reports: supervised.Reports,
+) -> None:
+    """Follow the registry and the supervisor, say READY, and serve until
+    told to stop; then finish (:func:`_finish`)."""
+    async with asyncio.TaskGroup() as group:
+        following = group.create_task(
+            admission.follow(
+                settings.namespace,
+                router,
+                settings.discovery_url,
+                settings.tls_ca is not None,
+            )
+        )
+        others = []
+        if settings.telemetry:
+            router.telemetry = Telemetry()
+            others.append(group.create_task(supervised.report_stats(router, reports)))
+        if (fd := settings.control_fd) is not None:
+            others.append(group.create_task(supervised.obey(fd, router, stopper)))
+        serving.announce_ready(settings.ready_fd, **ready)
+        await stopper.wait()
+        following.cancel()
+        await _finish(router, service)
+        for task in others:
+            task.cancel()
 
 
 def _bind(

@@ -25,7 +25,7 @@ import subprocess
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Final, Protocol
+from typing import Any, Final, Protocol, Self
 
 from pool.errors import PoolError
 from workers.common.pipes import first_line
@@ -91,6 +91,45 @@ def next_start(child: Child, *, restart: bool, stopping: bool) -> float | None:
         return None
     child.failures = 0 if child.ready else child.failures + 1
     return restart_delay(child.failures)
+
+
+@dataclass
+class ChildPipes:
+    """The pipes a child is started with (:meth:`open`). It is given the
+    write ends (``given``, by setting name) and the control pipe's read end;
+    the supervisor keeps ``ready`` (its READY line), and for the dispatcher
+    ``report`` (its reports) and ``control`` (the write end of its orders),
+    and with captured output, ``output``. -1: none."""
+
+    given: dict[str, int]
+    ready: int
+    report: int = -1
+    output: int = -1
+    control: int = -1
+
+    @classmethod
+    def open(cls, parent_fd: int, *, dispatcher: bool, output: bool) -> Self:
+        """``parent_fd``: the supervisor's pidfd on itself, which it keeps."""
+        ready, ready_write = os.pipe()
+        pipes = cls({"ready_fd": ready_write, "parent_fd": parent_fd}, ready)
+        if dispatcher:
+            pipes.given["control_fd"], pipes.control = os.pipe()
+            pipes.report, pipes.given["report_fd"] = os.pipe()
+        if output:
+            pipes.output, pipes.given["output_fd"] = os.pipe()
+        return pipes
+
+    def close_given(self) -> None:
+        """Close the child's ends here (it has its own now, or never will)."""
+        for name, fd in self.given.items():
+            if name != "parent_fd":  # (the supervisor's own, for every child)
+                os.close(fd)
+
+    def close_kept(self) -> None:
+        """Close the ends kept for a child that did not start."""
+        for fd in (self.ready, self.report, self.output):
+            if fd >= 0:
+                os.close(fd)
 
 
 class ChildFailed(PoolError):

@@ -49,6 +49,7 @@ from pool.supervisor import dataplane
 from pool.supervisor.children import (
     Child,
     ChildFailed,
+    ChildPipes,
     InitializerFailedInChild,
     InitializerFailures,
     describe_exit,
@@ -294,39 +295,30 @@ class Supervisor:
     async def _start(self, child: Child) -> None:
         """Start a child, wait for its READY line, and watch it from then on."""
         child.ready = {}
-        ready_read, ready_write = os.pipe()
-        fds = {"ready_fd": ready_write, "parent_fd": self._parent_fd}
-        control_read = output_read = report_read = -1
-        if child is self._dispatcher:
-            control_read, control_write = os.pipe()
-            await self._control.attach(control_write)
-            fds["control_fd"] = control_read
-            report_read, fds["report_fd"] = os.pipe()
-        if self.settings.capture_output:
-            output_read, fds["output_fd"] = os.pipe()
+        pipes = ChildPipes.open(
+            self._parent_fd,
+            dispatcher=child is self._dispatcher,
+            output=self.settings.capture_output,
+        )
+        if pipes.control >= 0:
+            await self._control.attach(pipes.control)
         try:
-            process = await fork_or_spawn(self._zygote, child, fds, self.view)
+            process = await fork_or_spawn(self._zygote, child, pipes.given, self.view)
         except BaseException:
-            for fd in (output_read, report_read):
-                if fd >= 0:
-                    os.close(fd)
+            pipes.close_kept()
             raise
         finally:
-            for fd in (ready_write, control_read, fds.get("output_fd", -1)):
-                if fd >= 0:
-                    os.close(fd)
-            if report_read >= 0:
-                os.close(fds["report_fd"])
-        if report_read >= 0:
-            self._spawn(self._registrations.follow_links(report_read))
-        if output_read >= 0:
+            pipes.close_given()
+        if pipes.report >= 0:
+            self._spawn(self._registrations.follow_links(pipes.report))
+        if pipes.output >= 0:
             show = functools.partial(self.view.output, child.label, process.pid)
-            relaying = self._spawn(relay(output_read, show))
+            relaying = self._spawn(relay(pipes.output, show))
             self._relays.add(relaying)
             relaying.add_done_callback(self._relays.discard)
         child.process = process
         try:
-            child.ready = await read_ready(ready_read, process, child.name)
+            child.ready = await read_ready(pipes.ready, process, child.name)
         except BaseException:
             process.kill()
             await process.wait()

@@ -9,6 +9,7 @@ name is under ``shmpool_``; docs/reference.md lists them.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterator
 
 from prometheus_client import CollectorRegistry, Histogram, generate_latest
@@ -81,20 +82,21 @@ class _BoardCollector(Collector):
         yield GaugeMetricFamily(
             "shmpool_running_tasks", "Tasks workers have started", value=board.running
         )
-        cumulative, buckets = 0, []
-        for bound, count in zip(
-            (*map(str, DURATION_BUCKETS_S), "+Inf"), board.buckets, strict=True
-        ):
-            cumulative += count
-            buckets.append((bound, cumulative))
-        yield HistogramMetricFamily(
-            "shmpool_task_duration_seconds",
-            "How long tasks ran, as their workers measured it",
-            buckets=buckets,
-            sum_value=board.duration_sum_s,
-        )
+        yield _durations(board)
         yield CounterMetricFamily(
             "shmpool_worker_restarts",
             "Workers the supervisor started again after one ended",
             value=board.restarts,
         )
+
+
+def _durations(board: Board) -> HistogramMetricFamily:
+    """How long tasks ran: the board's buckets, made cumulative."""
+    bounds = (*map(str, DURATION_BUCKETS_S), "+Inf")
+    cumulative = list(itertools.accumulate(board.buckets))
+    return HistogramMetricFamily(
+        "shmpool_task_duration_seconds",
+        "How long tasks ran, as their workers measured it",
+        buckets=list(zip(bounds, cumulative, strict=True)),
+        sum_value=board.duration_sum_s,
+    )
