@@ -1,204 +1,28 @@
-"""The dispatcher's routing logic, driven through small fake links."""
+"""The dispatcher's routing: placement, tags, attempts, cancels, stopping;
+driven through played links (:mod:`tests.support.routing`)."""
 
 from __future__ import annotations
 
 import asyncio
-import dataclasses
-import pickle
-import random
-import time
 import uuid
-from collections.abc import AsyncIterator, Callable
-from contextlib import asynccontextmanager
-from typing import Any
 
 import grpc
 import pytest
 
 from discovery import DiscoveryEvent, WorkerInfo
 from pool import NoWorkerAvailable, PoolStopping, WorkerLost
-from pool.dispatcher.choosing import PACK_FACTOR, Chooser
-from pool.dispatcher.jobs import InFlight, Job, LinkEvents
-from pool.dispatcher.links import MAX_AHEAD_PER_SLOT, WorkerLink
+from pool.dispatcher.jobs import LinkEvents
 from pool.dispatcher.placement import MAX_UNTAKEN_LOSSES, Router
-from pool.dispatcher.queue import TaskQueue
+from tests.support.routing import (
+    FakeLink,
+    settle,
+    until,
+    with_status,
+    world,
+)
 from workers.protocol import codec
-from workers.protocol.worker_pb2 import Chunk, FetchRequest, Result, Task
 
 pytestmark = pytest.mark.timeout(10)
-
-
-class FakeLink:
-    """A worker's stream that the test plays: it takes, answers and dies."""
-
-    def __init__(self, info: WorkerInfo, router: LinkEvents) -> None:
-        self.info = info
-        self.router = router
-        self.in_flight = InFlight(self)
-        self.done = 0
-        self.dropped = False
-        self.written: list[Job] = []  # what reached the worker
-        self.unwritten: list[Job] = []  # sent, not yet written
-        self.cancels: list[int] = []
-        self.ahead = 0  # what it may hold past its slots
-        self.pace_s, self.rtt_s, self.progressed_at = 0.0, 0.001, 0.0
-        self.others = 0
-        self._ended = asyncio.Event()
-
-    @property
-    def ready(self) -> bool:
-        return (
-            not self._ended.is_set()
-            and not self.dropped
-            and (self.info.status == "ready")
-        )
-
-    @property
-    def slots(self) -> int:
-        return self.info.capacity
-
-    @property
-    def load(self) -> int:
-        return len(self.in_flight) + self.others
-
-    @property
-    def free(self) -> int:
-        return self.slots + self.ahead - self.load
-
-    def send(self, job: Job) -> None:
-        job.task.attempt = job.attempts + 1
-        self.in_flight.add(job)
-        self.unwritten.append(job)
-
-    def take_back(self, job: Job) -> bool:
-        if job not in self.unwritten:
-            return False
-        self.unwritten.remove(job)
-        self.in_flight.remove(job.task.id)
-        return True
-
-    def cancel(self, task_id: int) -> None:
-        self.cancels.append(task_id)
-
-    async def run(self) -> None:
-        self.router.on_connected(self)  # (ready from the start, as its stream)
-        await self._ended.wait()
-
-    def close(self) -> None:
-        self._ended.set()
-
-    def fetch(self, request: FetchRequest) -> AsyncIterator[Chunk]:
-        raise LookupError("a played worker holds no values")
-
-    async def upload(self, chunks: AsyncIterator[Chunk]) -> None:
-        raise LookupError("a played worker takes no arguments")
-
-    # -- what the test makes the worker do ------------------------------------
-
-    def write(self) -> list[Job]:
-        """The sent tasks reach the worker."""
-        self.written += self.unwritten
-        written, self.unwritten = self.unwritten, []
-        return written
-
-    def start(self, *jobs: Job) -> None:
-        self.router.on_started(self, [job.task.id for job in jobs])
-
-    def answer(self, job: Job, value: Any) -> None:
-        self.router.on_results(
-            self, [Result(id=job.task.id, value=pickle.dumps(value))]
-        )
-
-    def withdrawn(self, job: Job) -> None:
-        """The worker gives back a task it held unstarted."""
-        withdrawn = Result(id=job.task.id, failure=codec.cancelled())
-        self.router.on_results(self, [withdrawn])
-
-    def tell_others(self, count: int) -> None:
-        """The worker holds ``count`` tasks for other dispatchers now."""
-        self.others = count
-        self.router.on_results(self, [])
-
-    def refuse(self, job: Job) -> None:
-        self.router.on_results(self, [Result(id=job.task.id, failure=codec.rejected())])
-
-
-class Owner:
-    """A client stream: what it heard about each of its jobs."""
-
-    def __init__(self) -> None:
-        self.started: list[int] = []
-        self.results: dict[int, Result] = {}
-
-    def on_started(self, job: Job) -> None:
-        self.started.append(job.client_id)
-
-    def on_wanted(self, job: Job, source: str) -> None:
-        raise AssertionError("no task of these tests has its arguments held")
-
-    def on_result(self, job: Job, result: Result) -> None:
-        assert job.client_id not in self.results, "answered twice"
-        self.results[job.client_id] = result
-
-    def value(self, client_id: int) -> Any:
-        result = self.results[client_id]
-        assert result.HasField("value"), result.failure
-        return pickle.loads(result.value)
-
-    def error(self, client_id: int) -> BaseException:
-        result = self.results[client_id]
-        assert result.HasField("failure"), result
-        return codec.exception_of(result.failure)
-
-
-class World:
-    """A router, its fake links by worker name, and one owner."""
-
-    def __init__(self, router: Router, links: dict[uuid.UUID, FakeLink]) -> None:
-        self.router, self._links, self.owner = router, links, Owner()
-        self.infos: dict[str, WorkerInfo] = {}
-        self._next_id = 0
-
-    def add(
-        self, name: str, capacity: int = 2, tags: frozenset[str] = frozenset()
-    ) -> FakeLink:
-        """A worker appears in discovery."""
-        pid = 100 + len(self.infos)
-        info = WorkerInfo(
-            uuid.uuid4(), f"unix:/{name}", pid, "1", tags, capacity=capacity
-        )
-        self.infos[name] = info
-        self.router.on_event(DiscoveryEvent("worker-added", info))
-        return self.link(name)
-
-    def link(self, name: str) -> FakeLink:
-        return self._links[self.infos[name].uid]
-
-    def submit(self, tags: tuple[str, ...] = ()) -> Job:
-        self._next_id += 1
-        job = Job(Task(function="m:f"), frozenset(tags), self.owner, self._next_id)
-        self.router.submit(job)
-        self.router.pump()
-        return job
-
-
-@asynccontextmanager
-async def world(**options: Any) -> AsyncIterator[World]:
-    links: dict[uuid.UUID, FakeLink] = {}
-
-    def connect(info: WorkerInfo, router: LinkEvents) -> FakeLink:
-        links[info.uid] = FakeLink(info, router)
-        return links[info.uid]
-
-    alive = options.pop("alive", lambda namespace, uid: False)
-    async with Router("ns", connect, is_alive=alive, **options) as router:
-        yield World(router, links)
-
-
-async def settle() -> None:
-    """Let the router's own tasks (link ends, failures) take their step."""
-    for _ in range(5):
-        await asyncio.sleep(0)
 
 
 async def test_tasks_go_to_the_least_loaded_ready_worker_up_to_capacity() -> None:
@@ -299,7 +123,9 @@ async def test_a_busy_worker_hands_a_task_back_without_an_attempt() -> None:
         job = w.submit()
         a.write()
         a.start(job)
-        w.router.on_event(DiscoveryEvent("worker-updated", _status(a.info, "draining")))
+        w.router.on_event(
+            DiscoveryEvent("worker-updated", with_status(a.info, "draining"))
+        )
         a.refuse(job)
         assert job.link is None and job.attempts == 0 and w.router.queued == 1
         b = w.add("b")
@@ -318,7 +144,9 @@ async def test_a_worker_that_refused_gets_nothing_until_its_news_changes() -> No
         assert job.link is None and w.router.queued == 1
         w.router.pump()
         assert job.link is None
-        w.router.on_event(DiscoveryEvent("worker-updated", _status(a.info, "ready")))
+        w.router.on_event(
+            DiscoveryEvent("worker-updated", with_status(a.info, "ready"))
+        )
         assert job.link is a
 
 
@@ -426,7 +254,7 @@ async def test_a_broken_link_to_a_live_worker_reconnects() -> None:
         first.close()
         await settle()
         assert w.router.queued == 1
-        await asyncio.wait_for(_until(lambda: w.link("a") is not first), 5)
+        await asyncio.wait_for(until(lambda: w.link("a") is not first), 5)
         assert job.link is w.link("a")
 
 
@@ -448,261 +276,3 @@ async def test_a_link_that_fails_unexpectedly_ends_the_router() -> None:
             router.on_event(DiscoveryEvent("worker-added", info))
             await asyncio.sleep(3600)  # cancelled by the failure
     assert raised.group_contains(RuntimeError, match="link bug")
-
-
-def _status(info: WorkerInfo, status: str) -> WorkerInfo:
-    return dataclasses.replace(info, status=status)  # type: ignore[arg-type]
-
-
-async def _until(predicate: Callable[[], bool]) -> None:
-    while not predicate():
-        await asyncio.sleep(0.01)  # polled within the caller's deadline
-
-
-async def test_a_free_worker_steals_a_task_held_behind_a_busy_slot() -> None:
-    """With the queue empty, a worker with a slot that has nothing for it
-    gets a task another worker holds unstarted: the holder is asked to
-    withdraw it, and, withdrawn, it goes to the free worker (no attempt, no
-    answer to its client meanwhile)."""
-    async with world() as w:
-        a = w.add("a", capacity=1)
-        a.ahead = 1
-        first, second = w.submit(), w.submit()
-        assert first.link is a and second.link is a
-        a.write()
-        a.start(first)
-        b = w.add("b", capacity=1)
-        w.router.pump()  # (b's stream is up: what a link reports)
-        assert a.cancels == [second.task.id] and second.withdrawing == "requeue"
-        w.router.pump()
-        assert a.cancels == [second.task.id], "asked once, not again"
-        a.withdrawn(second)
-        assert second.link is b and b.unwritten == [second]
-        assert second.attempts == 0 and second.client_id not in w.owner.results
-
-
-async def test_a_worker_busy_with_another_dispatchers_tasks_is_sent_none() -> None:
-    """A worker that says it holds tasks of another dispatcher counts them
-    in its load: a task goes to the worker whose slot is free, though this
-    dispatcher has sent neither anything."""
-    async with world() as w:
-        a, b = w.add("a", capacity=1), w.add("b", capacity=1)
-        a.tell_others(1)
-        first = w.submit()
-        assert first.link is b
-        b.write()
-        b.start(first)
-        b.tell_others(2)  # (now b is the busier one)
-        a.tell_others(0)
-        assert w.submit().link is a
-
-
-async def test_a_slot_another_dispatcher_frees_steals_a_task_held_here() -> None:
-    """A task held behind a busy slot is moved when another dispatcher's
-    task ends on a second worker: its report alone (no result of ours)
-    frees the slot, and the steal follows at once."""
-    async with world() as w:
-        a, b = w.add("a", capacity=1), w.add("b", capacity=1)
-        a.ahead = 1
-        b.tell_others(1)
-        first, second = w.submit(), w.submit()
-        assert first.link is a and second.link is a  # (b is not free)
-        a.write()
-        a.start(first)
-        assert a.cancels == []
-        b.tell_others(0)
-        assert a.cancels == [second.task.id] and second.withdrawing == "requeue"
-        a.withdrawn(second)
-        assert second.link is b and second.attempts == 0
-
-
-async def test_a_steal_that_comes_too_late_leaves_the_task_where_it_runs() -> None:
-    """A task that started before the withdrawal reached its worker runs
-    there, and its result is its client's."""
-    async with world() as w:
-        a = w.add("a", capacity=1)
-        a.ahead = 1
-        first, second = w.submit(), w.submit()
-        a.write()
-        a.start(first)
-        w.add("b", capacity=1)
-        w.router.pump()
-        assert second.withdrawing == "requeue"
-        a.answer(first, 1)
-        a.start(second)
-        assert second.withdrawing is None
-        a.answer(second, 2)
-        assert (w.owner.value(1), w.owner.value(2)) == (1, 2)
-
-
-async def test_a_task_not_yet_written_is_stolen_at_once() -> None:
-    """A held task still waiting to be written is taken back without asking
-    its worker."""
-    async with world() as w:
-        a = w.add("a", capacity=1)
-        a.ahead = 1
-        first, second = w.submit(), w.submit()
-        b = w.add("b", capacity=1)
-        w.router.pump()
-        assert second.link is b and a.cancels == [] and a.unwritten == [first]
-
-
-async def test_a_cancel_withdraws_a_held_task_even_while_it_is_stolen() -> None:
-    """A client's cancel of a task its worker holds unstarted asks the worker
-    to withdraw it; withdrawn, it is answered CANCELLED, not moved, even if a
-    steal had asked first."""
-    async with world() as w:
-        a = w.add("a", capacity=1)
-        a.ahead = 2
-        first, second, third = w.submit(), w.submit(), w.submit()
-        a.write()
-        a.start(first)
-        w.router.cancel(third)
-        assert a.cancels == [third.task.id]
-        w.add("b", capacity=1)
-        w.router.pump()
-        assert second.withdrawing == "requeue"
-        w.router.cancel(second)
-        assert a.cancels == [third.task.id, second.task.id], "no second ask"
-        a.withdrawn(second)
-        a.withdrawn(third)
-        for job in (second, third):
-            assert codec.status_of(w.owner.results[job.client_id].failure) == (
-                grpc.StatusCode.CANCELLED
-            )
-
-
-async def test_short_work_is_packed_onto_the_busiest_worker_that_keeps_up() -> None:
-    """Workers whose tasks run far shorter than a round trip take tasks
-    first, the busiest first, each up to its room; then the least loaded
-    of the rest (one whose pace is not known yet, or is long)."""
-    async with world() as w:
-        b = w.add("b", capacity=1)
-        b.ahead = 3
-        first = w.submit()  # (b only: b is the busiest from now on)
-        a, fresh, slow = (w.add(n, capacity=1) for n in ("a", "fresh", "slow"))
-        await settle()
-        for link in (a, b, slow):  # (each started a task within a round trip)
-            link.rtt_s, link.progressed_at = 60.0, time.monotonic()
-            link.pace_s = link.rtt_s / PACK_FACTOR / 10
-        slow.pace_s = slow.rtt_s / PACK_FACTOR * 2  # (runs near a round trip)
-        a.ahead = 3
-        jobs = [w.submit() for _ in range(10)]
-        assert first.link is b
-        assert [j.link for j in jobs[:7]] == [b] * 3 + [a] * 4
-        assert {j.link for j in jobs[7:9]} == {fresh, slow}
-        assert jobs[9].link is None, "no room is left anywhere"
-
-
-async def test_a_packed_worker_that_stops_answering_has_its_held_tasks_stolen() -> None:
-    """A worker that keeps up with short work holds tasks behind its busy
-    slot while another worker is idle; once it lags (starts nothing for a
-    while), with nothing else happening, a held task is asked back, and
-    goes to the idle worker.
-
-    Regression (of packing): a long task among short ones, packed on a
-    worker, kept the short ones behind it while another worker sat idle."""
-    async with world() as w:
-        a = w.add("a", capacity=1)
-        a.ahead = 2
-        running, *held = (w.submit() for _ in range(3))
-        a.write()
-        a.start(running)
-        a.rtt_s, a.pace_s = 0.05, 0.0001
-        a.progressed_at = time.monotonic()  # it keeps up, for a while
-        w.add("b", capacity=1)
-        await settle()
-        assert a.cancels == [], "a worker that keeps up is left alone"
-        async with asyncio.timeout(5):
-            await _until(lambda: a.cancels == [held[-1].task.id])
-        assert time.monotonic() - a.progressed_at >= a.rtt_s
-        a.withdrawn(held[-1])
-        assert held[-1].link is w.link("b")
-
-
-def test_a_worker_is_sent_ahead_only_what_hides_a_round_trip() -> None:
-    """Before its pace is known, and while its tasks run a round trip or
-    longer, a worker is sent one task ahead per slot; far shorter tasks get
-    as many as one round trip runs, up to the bound."""
-    info = WorkerInfo(uuid.uuid4(), "unix:/w", 1, "1", frozenset(), capacity=2)
-    link = WorkerLink(info, _NoEvents(), "token")
-    assert link.free == 4
-    link.rtt_s, link.pace_s = 0.0005, 0.002
-    assert link.free == 4
-    link.pace_s = 0.0001
-    assert link.free == 2 * (1 + 5)
-    link.pace_s = 1e-7
-    assert link.free == 2 * (1 + MAX_AHEAD_PER_SLOT)
-
-
-class _NoEvents:
-    def on_connected(self, link: Any) -> None: ...
-    def on_started(self, link: Any, task_ids: Any) -> None: ...
-    def on_results(self, link: Any, results: Any) -> None: ...
-
-
-def test_least_loaded_picks_as_a_scan_of_every_link_would() -> None:
-    """The heap-backed choice, over a mix of jobs with and without tags,
-    sends each where the least-loaded link with room and the tags is (the
-    first on a tie), as a scan of every link for every job would."""
-    rng = random.Random(7)
-    for _ in range(50):
-        infos = [
-            WorkerInfo(
-                uuid.uuid4(),
-                f"unix:/{i}",
-                i,
-                "1",
-                frozenset(rng.sample(["a", "b"], rng.randint(0, 2))),
-                capacity=rng.randint(1, 3),
-            )
-            for i in range(rng.randint(1, 6))
-        ]
-        links = [FakeLink(info, _NoEvents()) for info in infos]
-        for link in links:
-            link.ahead = rng.randint(0, 2)
-            for _ in range(rng.randint(0, 3)):
-                link.in_flight[rng.getrandbits(32)] = None  # type: ignore[assignment]
-        chooser = Chooser(links)  # type: ignore[arg-type]
-        for n in range(20):
-            job = Job(
-                Task(id=n),
-                frozenset(rng.sample(["a", "b"], rng.randint(0, 1))),
-                Owner(),
-                n,
-            )
-            fits = [k for k in links if k.free > 0 and job.tags <= k.info.tags]
-            expected = min(fits, key=lambda k: len(k.in_flight) / k.slots, default=None)
-            assert chooser.choose(job) is expected
-            if expected is not None:
-                expected.send(job)
-
-
-def test_the_queue_serves_given_back_jobs_then_each_client_in_turn() -> None:
-    """A job given back goes first; then one job of each client in turn. A
-    job no link can take (its tags) keeps its place in its client's line,
-    and goes once a link with its tags has room."""
-    first, second = Owner(), Owner()
-    queue = TaskQueue(100)
-    lines = {"a0": first, "a1": first, "a2": first, "b0": second}
-    lines |= {"b1": second, "back": second}
-    jobs = {
-        name: Job(Task(id=n), frozenset({"gpu"} if name == "a1" else ()), owner, n)
-        for n, (name, owner) in enumerate(lines.items())
-    }
-    for name in ("a0", "a1", "a2", "b0", "b1"):
-        queue.push(jobs[name])
-    queue.push(jobs["back"], front=True)
-    plain = FakeLink(
-        WorkerInfo(uuid.uuid4(), "unix:/p", 1, "1", capacity=10), _NoEvents()
-    )
-    queue.place(Chooser([plain]))
-    names = {id(job): name for name, job in jobs.items()}
-    assert [names[id(j)] for j in plain.unwritten] == ["back", "a0", "b0", "b1", "a2"]
-    assert queue and queue.waiting == 1
-    gpu = FakeLink(
-        WorkerInfo(uuid.uuid4(), "unix:/g", 2, "1", frozenset({"gpu"})), _NoEvents()
-    )
-    queue.place(Chooser([plain, gpu]))
-    assert gpu.unwritten == [jobs["a1"]]
-    assert not queue and queue.waiting == 0
