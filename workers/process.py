@@ -114,9 +114,7 @@ def _server(
     token: str, service: WorkerService
 ) -> tuple[aio.Server, health.aio.HealthServicer]:
     """The gRPC server, with its services: tasks, held values, health."""
-    server = aio.server(
-        interceptors=[auth.CallInterceptor(token)], options=channels.GRPC_OPTIONS
-    )
+    server = serving.server(token)
     worker_pb2_grpc.add_WorkerServicer_to_server(service, server)  # type: ignore[no-untyped-call]
     worker_pb2_grpc.add_TransfersServicer_to_server(transfer.HeldService(), server)  # type: ignore[no-untyped-call]
     health_service = health.aio.HealthServicer()

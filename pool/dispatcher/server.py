@@ -44,7 +44,7 @@ from pool.dispatcher.service import MAX_STREAM_TASKS, DispatcherService
 from pool.dispatcher.settings import DispatcherSettings
 from pool.dispatcher.telemetry import Telemetry
 from pool.dispatcher.transfers import RelayService
-from workers.common import channels, serving
+from workers.common import serving
 from workers.common.spec import parse
 from workers.protocol import auth, worker_pb2_grpc
 
@@ -96,9 +96,7 @@ def _server(
     token: str, router: Router, max_queued: int
 ) -> tuple[aio.Server, DispatcherService]:
     """The gRPC server, with its services: the clients' and the transfers'."""
-    server = aio.server(
-        interceptors=[auth.CallInterceptor(token)], options=channels.GRPC_OPTIONS
-    )
+    server = serving.server(token)
     service = DispatcherService(router, min(MAX_STREAM_TASKS, max_queued))
     dispatcher_pb2_grpc.add_DispatcherServicer_to_server(service, server)  # type: ignore[no-untyped-call]
     relay = RelayService(router.links.get)

@@ -1,4 +1,5 @@
-"""What every pool process does the same way: bind, say READY, wait to stop.
+"""What every pool process does the same way: serve (the token checked),
+bind, say READY, wait to stop.
 
 Shared by the worker (:mod:`workers.process`) and the dispatcher
 (:mod:`pool.dispatcher.server`). A child tells its parent it serves by writing
@@ -25,6 +26,9 @@ from typing import Any, Final
 
 import grpc
 from grpc import aio
+
+from workers.common.channels import GRPC_OPTIONS
+from workers.protocol import auth
 
 LOOPBACK: Final = "127.0.0.1"
 WILDCARDS: Final = frozenset({"0.0.0.0", "::"})  # every interface
@@ -64,6 +68,12 @@ def check_host(host: str) -> None:
         raise CannotListen(
             repr(host), f"{reason}; give an address of this machine"
         ) from None
+
+
+def server(token: str) -> aio.Server:
+    """A pool process's gRPC server: every call must carry ``token``
+    (checked before anything is read), with the pool's options."""
+    return aio.server(interceptors=[auth.CallInterceptor(token)], options=GRPC_OPTIONS)
 
 
 def bind(
