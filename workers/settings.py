@@ -12,20 +12,16 @@ from dataclasses import dataclass
 from typing import Final
 
 from workers.common.options import (
-    ADVERTISE,
     DISCOVERY,
-    HOST,
     NAMESPACE,
-    OUTPUT_FD,
-    PARENT_FD,
-    PORT,
-    READY_FD,
+    REDIS_URLS,
     TLS_CERT,
-    TLS_KEY,
     TOKEN_FILE,
+    FromParent,
+    Listening,
     check_tcp,
 )
-from workers.common.spec import Spec, check
+from workers.common.spec import Group, Spec, check
 from workers.limits import parse_size
 from workers.protocol.codec import MAX_ARGS_BYTES, MAX_ARGS_LIMIT
 
@@ -100,7 +96,25 @@ RELOAD: Final = Spec(
 
 
 @dataclass(frozen=True)
-class WorkerSettings:
+class Limits(Group):
+    """What a worker takes and holds before it refuses or retires; ``pool
+    up`` takes the same and gives them to its workers."""
+
+    TITLE = "each worker's limits"
+
+    max_args_bytes: int = MAX_ARGS_BYTES_SPEC.field()
+    max_tasks_per_child: int = MAX_TASKS_PER_CHILD.field()
+    max_memory: str | int | None = MAX_MEMORY.field()
+    shm_limit: str | int | None = SHM_LIMIT.field()
+
+    @property
+    def shm_limit_bytes(self) -> int | None:
+        """:attr:`shm_limit` in bytes (None: no limit but /dev/shm's)."""
+        return parse_size(self.shm_limit, "shm_limit") if self.shm_limit else None
+
+
+@dataclass(frozen=True)
+class WorkerSettings(FromParent, Listening, Limits):
     """One worker's settings (``python -m workers``)."""
 
     namespace: str = NAMESPACE.field()
@@ -109,13 +123,6 @@ class WorkerSettings:
     )
     tags: tuple[str, ...] = TAGS.field()
     grace_s: float = GRACE_S.field()
-    max_args_bytes: int = MAX_ARGS_BYTES_SPEC.field()
-    max_tasks_per_child: int = MAX_TASKS_PER_CHILD.field()
-    max_memory: str | int | None = MAX_MEMORY.field()
-    shm_limit: str | int | None = SHM_LIMIT.field(
-        help="the most this worker's large results may make the namespace's "
-        "shared memory hold (pool up passes its --shm-limit)"
-    )
     initializer: str | None = INITIALIZER.field()
     initargs: tuple[str, ...] = INITARGS.field()
     initializer_pickle: str | None = Spec(
@@ -124,33 +131,19 @@ class WorkerSettings:
     paths: tuple[str, ...] = PATHS.field()
     reload: bool = RELOAD.field()
     discovery_url: str | None = DISCOVERY.field(
-        help="publish into the registry at redis://HOST:PORT (or "
-        "redis+sentinel://HOST:PORT[,...]/SERVICE) instead of the namespace's "
-        "shared memory"
+        help=f"publish into the registry at {REDIS_URLS}, not shared memory"
     )
-    host: str | None = HOST.field()
-    port: int = PORT.field()
-    advertise: str | None = ADVERTISE.field()
+    token_file: str | None = TOKEN_FILE.field()
+    # Fields of the groups, in a worker's words (each keeps its group's place).
+    shm_limit: str | int | None = SHM_LIMIT.field(
+        help="the most this worker's large results may make the namespace's "
+        "shared memory hold (pool up passes its --shm-limit)"
+    )
     tls_cert: str | None = TLS_CERT.field(
         help=TLS_CERT.help + "; the dispatcher checks it against its --tls-ca"
     )
-    tls_key: str | None = TLS_KEY.field()
-    token_file: str | None = TOKEN_FILE.field()
-    parent_fd: int | None = PARENT_FD.field()
-    ready_fd: int | None = READY_FD.field()
-    output_fd: int | None = OUTPUT_FD.field()
 
     def __post_init__(self) -> None:
         check(self)
         check_tcp(self)
         object.__setattr__(self, "paths", tuple(map(os.path.abspath, self.paths)))
-
-    @property
-    def shm_limit_bytes(self) -> int | None:
-        """:attr:`shm_limit` in bytes (None: no limit but /dev/shm's)."""
-        return parse_size(self.shm_limit, "shm_limit") if self.shm_limit else None
-
-    @property
-    def tls(self) -> tuple[str, str] | None:
-        """The certificate and key files, if it serves TLS."""
-        return (self.tls_cert, self.tls_key) if self.tls_cert and self.tls_key else None

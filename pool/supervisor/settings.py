@@ -27,28 +27,24 @@ from workers import initializer
 from workers.common.options import (
     ADVERTISE,
     DISCOVERY,
-    HOST,
     NAMESPACE,
     PORT,
     TLS_CERT,
-    TLS_KEY,
     TOKEN_FILE,
+    Listening,
     check_tcp,
 )
-from workers.common.spec import SettingError, Spec, check
+from workers.common.spec import SettingError, Spec, check, values
 from workers.protocol.auth import TOKEN_ENV
 from workers.settings import (
     CONCURRENCY,
     GRACE_S,
     INITARGS,
     INITIALIZER,
-    MAX_ARGS_BYTES_SPEC,
-    MAX_MEMORY,
-    MAX_TASKS_PER_CHILD,
     PATHS,
     RELOAD,
-    SHM_LIMIT,
     TAGS,
+    Limits,
     WorkerSettings,
 )
 
@@ -77,7 +73,7 @@ WORKERS = Spec(
 
 
 @dataclass(frozen=True)
-class PoolSettings:
+class PoolSettings(Listening, Limits):
     """Everything one pool is started with; see the module docstring."""
 
     namespace: str = NAMESPACE.field()
@@ -103,25 +99,6 @@ class PoolSettings:
         "read it with `python -m workers --token-file`) instead of a fresh one; "
         "$SHMPOOL_TOKEN also gives it"
     )
-    host: str | None = HOST.field()
-    port: int = PORT.field(
-        help="with --host: the dispatcher's TCP port, where clients connect"
-    )
-    advertise: str | None = ADVERTISE.field(
-        help="with --host and --discovery: the dispatcher's address that clients "
-        "of other machines are given, for NAT and containers (default: the bound "
-        "address, or this host's name when --host is 0.0.0.0 or ::)"
-    )
-    tls_cert: str | None = TLS_CERT.field(
-        help="with --host: serve TLS on the TCP ports with this certificate (and "
-        "--tls-key): the dispatcher's, for clients of other machines (this "
-        "machine's use its unix socket), and its workers'"
-    )
-    tls_key: str | None = TLS_KEY.field()
-    max_args_bytes: int = MAX_ARGS_BYTES_SPEC.field()
-    max_tasks_per_child: int = MAX_TASKS_PER_CHILD.field()
-    max_memory: str | int | None = MAX_MEMORY.field()
-    shm_limit: str | int | None = SHM_LIMIT.field()
     initializer: str | Callable[..., Any] | None = INITIALIZER.field()  # noqa: RUF009
     initargs: tuple[Any, ...] = INITARGS.field()
     restart: bool = Spec(
@@ -146,6 +123,20 @@ class PoolSettings:
     # Show what children write to stdout and stderr through the view, a line
     # at a time, prefixed by who wrote it (else they share the caller's).
     capture_output: bool = Spec(False, "", flag=None).field()
+    # Fields of a group, in the pool's words (each keeps its group's place).
+    port: int = PORT.field(
+        help="with --host: the dispatcher's TCP port, where clients connect"
+    )
+    advertise: str | None = ADVERTISE.field(
+        help="with --host and --discovery: the dispatcher's address that clients "
+        "of other machines are given, for NAT and containers (default: the bound "
+        "address, or this host's name when --host is 0.0.0.0 or ::)"
+    )
+    tls_cert: str | None = TLS_CERT.field(
+        help="with --host: serve TLS on the TCP ports with this certificate (and "
+        "--tls-key): the dispatcher's, for clients of other machines (this "
+        "machine's use its unix socket), and its workers'"
+    )
 
     def __post_init__(self) -> None:
         check(self)
@@ -190,10 +181,7 @@ class PoolSettings:
             concurrency=self.concurrency,
             tags=self.tags,
             grace_s=self.grace_s,
-            max_args_bytes=self.max_args_bytes,
-            max_tasks_per_child=self.max_tasks_per_child,
-            max_memory=self.max_memory,
-            shm_limit=self.shm_limit,
+            **values(self, Limits),
             paths=self.paths,
             reload=self.reload,
             discovery_url=self.discovery_url,
@@ -208,11 +196,7 @@ class PoolSettings:
         return DispatcherSettings(
             namespace=self.namespace,
             discovery_url=self.discovery_url,
-            host=self.host,
-            port=self.port,
-            advertise=self.advertise,
-            tls_cert=self.tls_cert,
-            tls_key=self.tls_key,
+            **values(self, Listening),
             tls_ca=self.tls_ca,
             no_worker_timeout_s=self.no_worker_timeout_s,
             max_queued=self.max_queued,

@@ -4,6 +4,7 @@ same settings as flags."""
 
 from __future__ import annotations
 
+import argparse
 import subprocess
 import sys
 from pathlib import Path
@@ -12,7 +13,8 @@ import pytest
 
 from pool.dispatcher.settings import DispatcherSettings
 from pool.supervisor.settings import PoolSettings
-from workers.common.spec import SettingError, parse, to_argv
+from workers.common.options import Listening
+from workers.common.spec import SettingError, add_arguments, parse, to_argv
 from workers.settings import WorkerSettings
 
 
@@ -93,8 +95,10 @@ def test_the_pool_composes_what_its_children_are_given(tmp_path: Path) -> None:
             ready_fd=7,
         ),
         DispatcherSettings(namespace="y", no_worker_timeout_s=1.5, control_fd=3),
+        # Regression: --telemetry took a value, and gave the string "True".
+        DispatcherSettings(telemetry=True, host="127.0.0.1", port=7070),
     ],
-    ids=["worker-defaults", "worker", "dispatcher"],
+    ids=["worker-defaults", "worker", "dispatcher", "dispatcher-telemetry"],
 )
 def test_the_slow_path_gives_a_child_the_same_settings(settings: object) -> None:
     """What the zygote would hand a child as a dataclass, a fresh
@@ -131,3 +135,15 @@ def test_bad_values_exit_2_on_every_command_line(tmp_path: Path) -> None:
     worker = _run("-m", "workers", "-n", "../x")
     assert worker.returncode == 2
     assert "invalid namespace '../x'" in worker.stderr
+
+
+@pytest.mark.parametrize("cls", [WorkerSettings, DispatcherSettings, PoolSettings])
+def test_help_shows_a_shared_group_under_its_title(cls: type) -> None:
+    """A group that several processes take (how they listen) is declared
+    once and shown after the process's own flags, under its title."""
+    parser = argparse.ArgumentParser(prog="t")
+    add_arguments(parser, cls)
+    text = parser.format_help()
+    title = text.index(f"\n{Listening.TITLE}:\n")
+    assert text.index("\n  -n NAMESPACE") < title < text.index("\n  --host [HOST]")
+    assert text.index("\n  --tls-key PEM") > title

@@ -3,16 +3,19 @@ as a :class:`~workers.common.spec.Spec`: where the pool is (namespace,
 registry), how a process listens (``--host``, TLS), the token, and the
 descriptors a parent hands its child. Each process's own dataclass
 (:mod:`workers.settings`, :mod:`pool.dispatcher.settings`,
-:mod:`pool.supervisor.settings`) takes its fields from these.
+:mod:`pool.supervisor.settings`) takes its fields from these, and the
+groups of them it shares with another (:class:`Listening`,
+:class:`FromParent`) as a base.
 """
 
 from __future__ import annotations
 
-from typing import Any, Final
+from dataclasses import dataclass
+from typing import Final
 
 from discovery import backends, paths
 from workers.common.serving import LOOPBACK
-from workers.common.spec import SettingError, Spec, existing_file, port
+from workers.common.spec import Group, SettingError, Spec, existing_file, port
 
 NAMESPACE: Final = Spec(
     "default",
@@ -20,11 +23,15 @@ NAMESPACE: Final = Spec(
     short="-n",
     check=paths.validate_namespace,
 )
+# Where a registry in Redis is, as --discovery takes it.
+REDIS_URLS: Final = (
+    "redis://HOST:PORT (or the primary that Sentinels name: "
+    "redis+sentinel://HOST:PORT[,HOST:PORT...]/SERVICE)"
+)
 DISCOVERY: Final = Spec(
     None,
-    "register in Redis at redis://HOST:PORT (or the primary that Sentinels "
-    "name: redis+sentinel://HOST:PORT[,HOST:PORT...]/SERVICE) instead of this "
-    "machine's shared memory, so that workers on other hosts can join",
+    f"register in Redis at {REDIS_URLS} instead of this machine's shared "
+    "memory, so that workers on other hosts can join",
     flag="--discovery",
     metavar="URL",
     check=backends.check_url,
@@ -69,7 +76,37 @@ READY_FD: Final = Spec(None, "write the READY line here, not to stdout")
 OUTPUT_FD: Final = Spec(None, "send stdout and stderr here, line by line")
 
 
-def check_tcp(settings: Any) -> None:
+@dataclass(frozen=True)
+class Listening(Group):
+    """How a process listens: a unix socket of this machine, or TCP at
+    ``host`` (with TLS, given a certificate and its key)."""
+
+    TITLE = "listening on TCP (default: a unix socket, this machine only)"
+
+    host: str | None = HOST.field()
+    port: int = PORT.field()
+    advertise: str | None = ADVERTISE.field()
+    tls_cert: str | None = TLS_CERT.field()
+    tls_key: str | None = TLS_KEY.field()
+
+    @property
+    def tls(self) -> tuple[str, str] | None:
+        """The certificate and key files, if the TCP port serves TLS."""
+        return (self.tls_cert, self.tls_key) if self.tls_cert and self.tls_key else None
+
+
+@dataclass(frozen=True)
+class FromParent(Group):
+    """The descriptors a parent (``pool up``) hands the child it starts."""
+
+    TITLE = "given by the process that starts this one (pool up)"
+
+    parent_fd: int | None = PARENT_FD.field()
+    ready_fd: int | None = READY_FD.field()
+    output_fd: int | None = OUTPUT_FD.field()
+
+
+def check_tcp(settings: Listening) -> None:
     """What goes with ``host``: port, advertise and a whole TLS pair.
 
     :raises SettingError: naming the flags.

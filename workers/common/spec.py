@@ -3,7 +3,10 @@
 From it come the settings' validation (:func:`check`: a
 :class:`SettingError` names setting and value), their command line
 (:func:`add_arguments`, :func:`parse`: a bad value exits 2) and the slow
-way's (:func:`to_argv`, while the zygote is down). The settings themselves
+way's (:func:`to_argv`, while the zygote is down). Fields that several
+processes take together are a :class:`Group`, a base of each process's
+dataclass, declared once and shown under its title in ``--help``. The
+settings themselves
 are :mod:`workers.settings` (the worker's, and those more than one process
 takes), :mod:`pool.dispatcher.settings` and :mod:`pool.supervisor.settings`.
 """
@@ -18,7 +21,7 @@ import types
 import typing
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal, TypeVar
+from typing import Any, ClassVar, Literal, TypeVar
 
 Form = Literal["value", "switch", "csv", "append", "optional"]
 T = TypeVar("T")
@@ -55,6 +58,34 @@ class Spec:
         """A dataclass field of this setting (``changes``: of this spec)."""
         spec = dataclasses.replace(self, **changes) if changes else self
         return dataclasses.field(default=spec.default, metadata={"spec": spec})
+
+
+class Group:
+    """A base of settings dataclasses: fields that more than one process
+    takes together (a frozen dataclass of its own), shown under ``TITLE``
+    in ``--help``. A process's dataclass inherits the group, and declares
+    one of its fields again only to word its help for that process; the
+    field keeps its place in the group.
+    """
+
+    TITLE: ClassVar[str]
+
+
+def values(settings: object, group: type[Group]) -> dict[str, Any]:
+    """The fields of ``group`` in ``settings``, by name: what a process
+    passes on to a child that takes the same group."""
+    fields = dataclasses.fields(typing.cast(Any, group))
+    return {f.name: getattr(settings, f.name) for f in fields}
+
+
+def _titles(cls: type) -> dict[str, str]:
+    """The title of each field of ``cls`` that a :class:`Group` declares."""
+    return {
+        field.name: vars(base)["TITLE"]
+        for base in cls.__mro__[1:]
+        if "TITLE" in vars(base)
+        for field in dataclasses.fields(base)
+    }
 
 
 def _specs(cls: type) -> list[tuple[dataclasses.Field[Any], Spec]]:
@@ -110,27 +141,39 @@ def _scalar(cls: type, name: str) -> type:
 
 
 def add_arguments(parser: argparse.ArgumentParser, cls: type) -> None:
-    """Add the flags of ``cls``'s settings to ``parser``."""
-    for field, spec in _specs(cls):
+    """Add the flags of ``cls``'s settings to ``parser``, a group's under
+    its title."""
+    titles, groups = _titles(cls), dict[str, argparse._ArgumentGroup]()
+    # A process's own flags first, then each group's.
+    for field, spec in sorted(_specs(cls), key=lambda pair: pair[0].name in titles):
         if spec.flag is None:
             continue
+        title = titles.get(field.name)
+        if title is not None and title not in groups:
+            groups[title] = parser.add_argument_group(title)
+        target = parser if title is None else groups[title]
         flags = [f for f in (spec.short, _flag(field, spec)) if f]
-        shown = _shown_default(spec)
-        text = f"{spec.help} (default: {shown})" if shown else spec.help
-        options: dict[str, Any] = {"dest": field.name, "help": text}
-        if spec.form == "switch":
-            options["action"] = "store_false" if spec.default else "store_true"
-        elif spec.form == "append":
-            options.update(action="append", default=[], metavar=spec.metavar)
-        else:
-            kind = _scalar(cls, field.name)
-            options.update(metavar=spec.metavar or _metavar(field.name, kind))
-            options["default"] = spec.default
-            if spec.form == "optional":
-                options.update(nargs="?", const=spec.const)
-            if spec.form != "csv":
-                options["type"] = kind
-        parser.add_argument(*flags, **options)
+        target.add_argument(*flags, **_options(cls, field, spec))
+
+
+def _options(cls: type, field: dataclasses.Field[Any], spec: Spec) -> dict[str, Any]:
+    """What ``add_argument`` is given for one setting."""
+    shown = _shown_default(spec)
+    text = f"{spec.help} (default: {shown})" if shown else spec.help
+    options: dict[str, Any] = {"dest": field.name, "help": text}
+    if spec.form == "switch":
+        options["action"] = "store_false" if spec.default else "store_true"
+    elif spec.form == "append":
+        options.update(action="append", default=[], metavar=spec.metavar)
+    else:
+        kind = _scalar(cls, field.name)
+        options.update(metavar=spec.metavar or _metavar(field.name, kind))
+        options["default"] = spec.default
+        if spec.form == "optional":
+            options.update(nargs="?", const=spec.const)
+        if spec.form != "csv":
+            options["type"] = kind
+    return options
 
 
 def _shown_default(spec: Spec) -> str | None:
