@@ -22,9 +22,9 @@ from grpc import aio
 
 from pool.dispatcher.jobs import Link
 from workers.protocol import worker_pb2_grpc
+from workers.protocol.transfer import Chunks, FetchContext, UploadContext, first_chunk
 from workers.protocol.worker_pb2 import Chunk, FetchRequest, UploadReply
 
-Context = aio.ServicerContext[FetchRequest, Chunk]
 _GONE = "no such worker here: it is gone (the task runs again)"
 
 
@@ -37,7 +37,7 @@ class RelayService(worker_pb2_grpc.TransfersServicer):
     def __init__(self, link_of: Callable[[uuid.UUID], Link | None]) -> None:
         self._link_of = link_of
 
-    async def Fetch(self, request: FetchRequest, context: Context) -> None:
+    async def Fetch(self, request: FetchRequest, context: FetchContext) -> None:
         if (link := self._find(request.source)) is None:
             await context.abort(grpc.StatusCode.NOT_FOUND, _GONE)
         assert link is not None
@@ -48,20 +48,15 @@ class RelayService(worker_pb2_grpc.TransfersServicer):
 
         await _relayed(relay(), context)
 
-    async def Upload(
-        self,
-        request_iterator: AsyncIterator[Chunk],
-        context: aio.ServicerContext[Chunk, UploadReply],
-    ) -> UploadReply:
-        first = await anext(aiter(request_iterator), None)
-        link = None if first is None else self._find(first.source)
-        if link is None or first is None:
+    async def Upload(self, chunks: Chunks, context: UploadContext) -> UploadReply:
+        first = await first_chunk(chunks, context)
+        if (link := self._find(first.source)) is None:
             await context.abort(grpc.StatusCode.NOT_FOUND, _GONE)
-        assert link is not None and first is not None
+        assert link is not None
 
         async def relayed() -> AsyncIterator[Chunk]:
             yield Chunk(token=first.token, size=first.size, data=first.data)
-            async for chunk in request_iterator:
+            async for chunk in chunks:
                 yield chunk
 
         await _relayed(link.upload(relayed()), context)

@@ -278,9 +278,9 @@ def _running(namespace: str) -> int:
 
 @pytest.mark.timeout(60)
 def test_hostile_transfers_are_refused_and_harm_nothing(namespace: str) -> None:
-    """Fetches of values nobody holds, uploads that lie about their size or
-    name no worker, at a worker and at the dispatcher: each refused with its
-    status, and the pool runs on."""
+    """Fetches of values nobody holds, uploads that are empty, lie about their
+    size or name no worker, at a worker and at the dispatcher: each refused
+    with its status, and the pool runs on."""
     with running_pool(namespace, "--workers", "1"):
         with transfers_stub(namespace, at="worker") as (held, metadata):
             with pytest.raises(grpc.RpcError) as raised:
@@ -304,5 +304,8 @@ def test_hostile_transfers_are_refused_and_harm_nothing(namespace: str) -> None:
                 with pytest.raises(grpc.RpcError) as raised:
                     relay.Upload(upload, metadata=metadata, timeout=30)
                 assert raised.value.code() == S.NOT_FOUND
+            with pytest.raises(grpc.RpcError) as raised:  # as the worker's
+                relay.Upload(iter([]), metadata=metadata, timeout=30)
+            assert raised.value.code() == S.INVALID_ARGUMENT
         with Client(namespace) as client:
             assert client.submit(sample_tasks.square, 7).result(timeout=30) == 49

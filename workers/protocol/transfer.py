@@ -53,6 +53,12 @@ from workers.protocol.worker_pb2 import (
     UploadReply,
 )
 
+# What both ends of the Transfers service are given (the worker's service
+# here, the dispatcher's relay in pool.dispatcher.transfers).
+Chunks = AsyncIterator[Chunk]
+FetchContext = aio.ServicerContext[FetchRequest, Chunk]
+UploadContext = aio.ServicerContext[Chunk, UploadReply]
+
 # A payload pickled to this many bytes or more is held and sent on in
 # chunks, rather than put in a message (which stays far under gRPC's limit).
 TRANSFER_MIN: Final = 8 << 20
@@ -248,6 +254,16 @@ class Arrivals:
 ARRIVED: Final = Arrivals()  # this process's
 
 
+async def first_chunk(chunks: Chunks, context: UploadContext) -> Chunk:
+    """An upload's first chunk, which says what it is for; an empty upload
+    is refused with INVALID_ARGUMENT."""
+    first = await anext(aiter(chunks), None)
+    if first is None:
+        await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "an empty upload")
+    assert first is not None  # (abort raises)
+    return first
+
+
 def transfer_of(message: Task | Result) -> Transfer | None:
     """What a task's arguments or a result's value is held as, if it is
     (None: in the message, or in shared memory)."""
@@ -263,11 +279,7 @@ class HeldService(worker_pb2_grpc.TransfersServicer):
     def __init__(self, held: Held = HELD) -> None:
         self._held = held
 
-    async def Fetch(
-        self,
-        request: FetchRequest,
-        context: aio.ServicerContext[FetchRequest, Chunk],
-    ) -> None:
+    async def Fetch(self, request: FetchRequest, context: FetchContext) -> None:
         parts = self._held.take(request.token)
         if parts is None:
             await context.abort(
@@ -278,17 +290,10 @@ class HeldService(worker_pb2_grpc.TransfersServicer):
         for chunk in chunks(parts or ()):
             await context.write(chunk)
 
-    async def Upload(
-        self,
-        request_iterator: AsyncIterator[Chunk],
-        context: aio.ServicerContext[Chunk, UploadReply],
-    ) -> UploadReply:
-        first = await anext(aiter(request_iterator), None)
-        if first is None:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "an empty upload")
-        assert first is not None
+    async def Upload(self, chunks: Chunks, context: UploadContext) -> UploadReply:
+        first = await first_chunk(chunks, context)
         try:
-            payload = await receive(request_iterator, first.size, first.data)
+            payload = await receive(chunks, first.size, first.data)
         except DataGone as exc:
             await context.abort(grpc.StatusCode.DATA_LOSS, str(exc))
         ARRIVED.put(first.token, payload)
