@@ -157,7 +157,13 @@ def add_arguments(parser: argparse.ArgumentParser, cls: type) -> None:
 
 
 def _options(cls: type, field: dataclasses.Field[Any], spec: Spec) -> dict[str, Any]:
-    """What ``add_argument`` is given for one setting."""
+    """What ``add_argument`` is given for one setting.
+
+    :raises TypeError: for a bool setting that is not a switch (its value
+        would parse as a string, and ``False`` as true).
+    """
+    if _hints(cls)[field.name] is bool and spec.form != "switch":
+        raise TypeError(f"{cls.__name__}.{field.name} is a bool: declare it a switch")
     shown = _shown_default(spec)
     text = f"{spec.help} (default: {shown})" if shown else spec.help
     options: dict[str, Any] = {"dest": field.name, "help": text}
