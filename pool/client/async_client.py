@@ -1,9 +1,10 @@
 """:class:`AsyncClient`: the pool for asyncio code, on the caller's loop.
 
 The same submissions, connection and map plan as
-:class:`~pool.client.executor.Client` (:mod:`pool.client.core`), with
-asyncio futures instead of ``concurrent.futures`` ones. A task is run *at
-least once* (see :mod:`pool.client.executor`).
+:class:`~pool.client.executor.Client` (:mod:`pool.client.core`,
+:mod:`pool.client.mapping`), with asyncio futures instead of
+``concurrent.futures`` ones. A task is run *at least once* (see
+:mod:`pool.client.executor`).
 """
 
 from __future__ import annotations
@@ -14,15 +15,8 @@ from collections.abc import AsyncIterator, Callable, Iterable
 from typing import Any, Self, Unpack
 
 from pool.client.connection import Connection
-from pool.client.core import (
-    PROBE_WAIT_S,
-    Args,
-    ClientOptions,
-    MapPlan,
-    dropped,
-    open_options,
-    outcome,
-)
+from pool.client.core import ClientOptions, dropped, open_options, outcome
+from pool.client.mapping import PROBE_WAIT_S, Args, MapPlan
 from pool.client.refs import ObjectRef
 from pool.client.store import NO_STORE, Hold, Store
 from workers.protocol import codec, shipping

@@ -29,17 +29,10 @@ import weakref
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any, Unpack
 
-from pool.client.core import (
-    PROBE_MAX_S,
-    PROBE_WAIT_S,
-    Args,
-    ClientOptions,
-    MapPlan,
-    calls_in,
-    open_options,
-)
+from pool.client.core import ClientOptions, open_options
 from pool.client.futures import PoolFuture
 from pool.client.loop import LoopThread, interpreter_exiting
+from pool.client.mapping import PROBE_MAX_S, PROBE_WAIT_S, Args, MapPlan, calls_in
 from pool.client.progress import Progress, follow, open_bar
 from pool.client.refs import ObjectRef
 from pool.client.store import NO_STORE
@@ -191,7 +184,7 @@ class Client(concurrent.futures.Executor):
         adapts: the first calls go one per task, and once one has answered
         (or one has run :data:`PROBE_WAIT_S` unanswered) the rest go in
         chunks that run about :data:`CHUNK_TARGET_S` each, or one per task
-        if calls are longer (:class:`~pool.client.core.MapPlan`). A chunk's
+        if calls are longer (:class:`~pool.client.mapping.MapPlan`). A chunk's
         calls keep their own values and exceptions, and a worker lost
         mid-chunk costs only that chunk, which runs again."""
         plan = MapPlan(

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from pool import AsyncClient, Client, Pool
-from pool.client.core import MIN_CHUNKS
+from pool.client.mapping import MIN_CHUNKS
 from tests.support import sample_tasks
 from tests.support.helpers import wait_until
 

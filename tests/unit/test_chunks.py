@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import pytest
 
-from pool.client.core import (
+from pool.client.core import Submissions
+from pool.client.mapping import (
     CHUNK_TARGET_S,
     MAX_CHUNK_BYTES,
     MIN_CHUNKS,
     MapPlan,
-    Submissions,
     auto_chunksize,
 )
 from tests.support import sample_tasks
