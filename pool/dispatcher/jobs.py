@@ -7,6 +7,7 @@ carry). A link's end is the end of its ``run``.
 
 from __future__ import annotations
 
+import abc
 from collections.abc import AsyncIterator, Callable, Iterable
 from dataclasses import dataclass
 from typing import Literal, Protocol
@@ -41,46 +42,69 @@ class LinkEvents(Protocol):
         how many tasks it holds for other dispatchers: ``link.others``)."""
 
 
-class Link(Protocol):
-    """A stream to one worker, as the router uses it."""
+class Link(abc.ABC):
+    """A stream to one worker, as the router uses it: what the router reads
+    and writes of every link, kept here once, and what it asks of each kind
+    (:class:`~pool.dispatcher.links.WorkerLink`; the unit tests' played one).
+    """
 
-    info: WorkerInfo
-    in_flight: InFlight  # what it has sent and not had answered
-    done: int
-    dropped: bool  # discovery dropped the worker; its stream may still finish
-    pace_s: float  # how long its tasks run (0: not known yet)
-    rtt_s: float  # a round trip to it
-    progressed_at: float  # when it last reported a start (or was sent work, idle)
-    others: int  # tasks its worker holds for other dispatchers, last told
+    def __init__(self, info: WorkerInfo, rtt_s: float) -> None:
+        self.info = info
+        self.in_flight = InFlight(self)  # what it has sent and not had answered
+        self.done = 0
+        self.dropped = False  # discovery dropped the worker; its stream may finish
+        self.pace_s = 0.0  # how long its tasks run (0: not known yet)
+        self.rtt_s = rtt_s  # a round trip to it
+        self.progressed_at = 0.0  # when it last reported a start (or, idle, was sent)
+        self.others = 0  # tasks its worker holds for other dispatchers, last told
+
+    @property
+    def slots(self) -> int:
+        """Tasks its worker runs at once."""
+        return self.info.capacity
 
     @property
     def load(self) -> int:
         """Tasks its worker holds: ours in flight, and the others'."""
+        return len(self.in_flight) + self.others
 
     @property
-    def ready(self) -> bool: ...
-    @property
-    def slots(self) -> int:
-        """Tasks its worker runs at once."""
+    @abc.abstractmethod
+    def ready(self) -> bool:
+        """It takes tasks."""
 
     @property
+    @abc.abstractmethod
     def free(self) -> int:
         """Tasks it may still be sent: its slots, and what hides a round
         trip ahead of them, less what it holds."""
 
+    @abc.abstractmethod
     def send(self, job: Job) -> None:
         """Send ``job`` to its worker (``in_flight.add``)."""
 
+    @abc.abstractmethod
     def take_back(self, job: Job) -> bool:
         """Take ``job`` back if it is not written to the worker yet (out of
         ``in_flight``, then): whether it was."""
 
-    def cancel(self, task_id: int) -> None: ...
-    async def run(self) -> None: ...
-    def close(self) -> None: ...
+    @abc.abstractmethod
+    def cancel(self, task_id: int) -> None:
+        """Ask its worker to withdraw ``task_id`` if it has not started it."""
+
+    @abc.abstractmethod
+    async def run(self) -> None:
+        """The stream, until it ends (:meth:`close`, or the worker goes)."""
+
+    @abc.abstractmethod
+    def close(self) -> None:
+        """End :meth:`run`."""
+
+    @abc.abstractmethod
     def fetch(self, request: FetchRequest) -> AsyncIterator[Chunk]:
         """A value its worker holds (:mod:`workers.protocol.transfer`)."""
 
+    @abc.abstractmethod
     async def upload(self, chunks: AsyncIterator[Chunk]) -> None:
         """A task's arguments, to its worker."""
 

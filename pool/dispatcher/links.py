@@ -40,7 +40,7 @@ import grpc
 from grpc import aio
 
 from discovery import WorkerInfo
-from pool.dispatcher.jobs import Connect, InFlight, Job, LinkEvents
+from pool.dispatcher.jobs import Connect, Job, Link, LinkEvents
 from workers.common import channels
 from workers.protocol import auth, transfer
 from workers.protocol.stream import Outgoing
@@ -64,7 +64,7 @@ FIRST_RTT_S: Final = 0.0005  # the round trip, until one is measured
 RTT_DECAY: Final = 0.01  # how fast the measured minimum forgets
 
 
-class WorkerLink:
+class WorkerLink(Link):
     """The dispatcher's connection to one worker, and the tasks it has there."""
 
     def __init__(
@@ -74,14 +74,7 @@ class WorkerLink:
         token: str,
         tls: grpc.ChannelCredentials | None = None,
     ) -> None:
-        self.info = info
-        self.in_flight = InFlight(self)
-        self.done = 0
-        self.dropped = False
-        self.pace_s = 0.0  # how long its tasks run (0: not known yet)
-        self.rtt_s = FIRST_RTT_S
-        self.progressed_at = 0.0
-        self.others = 0  # tasks its worker holds for other dispatchers
+        super().__init__(info, FIRST_RTT_S)
         self._connected = False  # the stream reached the worker
         self._ended = False
         self._events = events
@@ -102,14 +95,6 @@ class WorkerLink:
             return cls(info, events, token, tls)
 
         return connect
-
-    @property
-    def slots(self) -> int:
-        return self.info.capacity
-
-    @property
-    def load(self) -> int:
-        return len(self.in_flight) + self.others
 
     @property
     def free(self) -> int:

@@ -13,27 +13,22 @@ from contextlib import asynccontextmanager
 from typing import Any
 
 from discovery import DiscoveryEvent, WorkerInfo
-from pool.dispatcher.jobs import InFlight, Job, LinkEvents
+from pool.dispatcher.jobs import Job, Link, LinkEvents
 from pool.dispatcher.placement import Router
 from workers.protocol import codec
 from workers.protocol.worker_pb2 import Chunk, FetchRequest, Result, Task
 
 
-class FakeLink:
+class FakeLink(Link):
     """A worker's stream that the test plays: it takes, answers and dies."""
 
     def __init__(self, info: WorkerInfo, router: LinkEvents) -> None:
-        self.info = info
+        super().__init__(info, rtt_s=0.001)
         self.router = router
-        self.in_flight = InFlight(self)
-        self.done = 0
-        self.dropped = False
         self.written: list[Job] = []  # what reached the worker
         self.unwritten: list[Job] = []  # sent, not yet written
         self.cancels: list[int] = []
         self.ahead = 0  # what it may hold past its slots
-        self.pace_s, self.rtt_s, self.progressed_at = 0.0, 0.001, 0.0
-        self.others = 0
         self._ended = asyncio.Event()
 
     @property
@@ -43,14 +38,6 @@ class FakeLink:
             and not self.dropped
             and (self.info.status == "ready")
         )
-
-    @property
-    def slots(self) -> int:
-        return self.info.capacity
-
-    @property
-    def load(self) -> int:
-        return len(self.in_flight) + self.others
 
     @property
     def free(self) -> int:
