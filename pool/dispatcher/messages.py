@@ -26,7 +26,7 @@ import dataclasses
 import json
 import typing
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any, ClassVar, dataclass_transform
 
 from workers.protocol.worker_pb2 import Failure
 
@@ -35,28 +35,35 @@ class BadLine(ValueError):
     """A pipe line that is not one of its messages; the message says why."""
 
 
-@dataclass(frozen=True)
-class Started:
+@dataclass_transform(frozen_default=True)
+class Message:
+    """A line of a pipe: each kind a frozen dataclass of its fields (made so
+    where it is declared), named on the wire by its class's name in lower
+    case (``Exited``: ``"exited"``)."""
+
+    KIND: ClassVar[str]
+
+    def __init_subclass__(cls) -> None:
+        super().__init_subclass__()
+        cls.KIND = cls.__name__.lower()
+        dataclass(frozen=True)(cls)
+
+
+class Started(Message):
     """Every worker the supervisor started is registered and linked."""
 
-    KIND: ClassVar = "started"
 
-
-@dataclass(frozen=True)
-class Exited:
+class Exited(Message):
     """The worker ``pid`` exited: ``status`` says how (``exit 0``, a signal)."""
 
-    KIND: ClassVar = "exited"
     pid: int
     status: str
 
 
-@dataclass(frozen=True)
-class Broken:
+class Broken(Message):
     """The workers' initializer failed too often; ``failure`` is a serialized
     :class:`Failure` (of ``InitializerFailed``), in base64."""
 
-    KIND: ClassVar = "broken"
     failure: str
 
     def parsed(self) -> Failure:
@@ -67,26 +74,19 @@ class Broken:
             raise BadLine(f"not a serialized Failure: {self.failure[:80]!r}") from exc
 
 
-@dataclass(frozen=True)
-class Drain:
+class Drain(Message):
     """The pool stops: take no more tasks, deliver what workers finish."""
 
-    KIND: ClassVar = "drain"
 
-
-@dataclass(frozen=True)
-class Linked:
+class Linked(Message):
     """The dispatcher's stream to the worker ``uid`` is up."""
 
-    KIND: ClassVar = "linked"
     uid: str
 
 
-@dataclass(frozen=True)
-class Stats:
+class Stats(Message):
     """What tasks did since the last report (:mod:`pool.dispatcher.telemetry`)."""
 
-    KIND: ClassVar = "stats"
     stats: dict[str, Any]
 
 
