@@ -43,18 +43,10 @@ TLS_CA: Final = Spec(
 
 
 @dataclass(frozen=True)
-class DispatcherSettings(FromParent, Listening):
-    """The dispatcher's settings. With ``tls_cert``, the TCP port of ``host``
-    serves TLS, for clients of other machines; this machine's clients use
-    the unix socket."""
+class FromSupervisor(FromParent):
+    """What the supervisor hands its dispatcher besides: the two pipes of
+    :mod:`pool.dispatcher.messages`."""
 
-    namespace: str = NAMESPACE.field()
-    discovery_url: str | None = DISCOVERY.field(
-        help=f"find workers in the registry at {REDIS_URLS}, not shared memory"
-    )
-    tls_ca: str | None = TLS_CA.field()
-    no_worker_timeout_s: float = NO_WORKER_TIMEOUT_SPEC.field()
-    max_queued: int = MAX_QUEUED_SPEC.field()
     control_fd: int | None = Spec(
         None, "read the supervisor's control lines here"
     ).field()
@@ -67,6 +59,21 @@ class DispatcherSettings(FromParent, Listening):
         "supervisor's dashboard)",
         form="switch",
     ).field()
+
+
+@dataclass(frozen=True)
+class DispatcherSettings(FromSupervisor, Listening):
+    """The dispatcher's settings. With ``tls_cert``, the TCP port of ``host``
+    serves TLS, for clients of other machines; this machine's clients use
+    the unix socket."""
+
+    namespace: str = NAMESPACE.field()
+    discovery_url: str | None = DISCOVERY.field(
+        help=f"find workers in the registry at {REDIS_URLS}, not shared memory"
+    )
+    tls_ca: str | None = TLS_CA.field()
+    no_worker_timeout_s: float = NO_WORKER_TIMEOUT_SPEC.field()
+    max_queued: int = MAX_QUEUED_SPEC.field()
     # A field of a group, in the dispatcher's words (it keeps its place).
     tls_cert: str | None = TLS_CERT.field(
         help=TLS_CERT.help + "; clients of other machines check it (this "

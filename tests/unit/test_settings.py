@@ -13,7 +13,7 @@ import pytest
 
 from pool.dispatcher.settings import DispatcherSettings
 from pool.supervisor.settings import PoolSettings
-from workers.common.options import Listening
+from workers.common.options import FromParent, Listening
 from workers.common.spec import SettingError, add_arguments, parse, to_argv
 from workers.settings import WorkerSettings
 
@@ -147,3 +147,16 @@ def test_help_shows_a_shared_group_under_its_title(cls: type) -> None:
     title = text.index(f"\n{Listening.TITLE}:\n")
     assert text.index("\n  -n NAMESPACE") < title < text.index("\n  --host [HOST]")
     assert text.index("\n  --tls-key PEM") > title
+
+
+def test_help_shows_an_extended_group_under_its_title() -> None:
+    """The pipes that only the dispatcher is given by its parent are shown
+    with the descriptors every child is given, under that group's title."""
+    parser = argparse.ArgumentParser(prog="t")
+    add_arguments(parser, DispatcherSettings)
+    text = parser.format_help()
+    title = text.index(f"\n{FromParent.TITLE}:\n")
+    own = text[: text.index("\n\n", text.index("\n  -n NAMESPACE"))]
+    for flag in ("--parent-fd N", "--control-fd N", "--report-fd N", "--telemetry"):
+        assert text.index(f"\n  {flag}") > title
+        assert f"\n  {flag}" not in own

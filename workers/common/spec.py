@@ -65,7 +65,8 @@ class Group:
     takes together (a frozen dataclass of its own), shown under ``TITLE``
     in ``--help``. A process's dataclass inherits the group, and declares
     one of its fields again only to word its help for that process; the
-    field keeps its place in the group.
+    field keeps its place in the group. A group that extends another (with
+    a process's own fields of the same kind) shows under its title.
     """
 
     TITLE: ClassVar[str]
@@ -81,10 +82,10 @@ def values(settings: object, group: type[Group]) -> dict[str, Any]:
 def _titles(cls: type) -> dict[str, str]:
     """The title of each field of ``cls`` that a :class:`Group` declares."""
     return {
-        field.name: vars(base)["TITLE"]
+        field.name: base.TITLE
         for base in cls.__mro__[1:]
-        if "TITLE" in vars(base)
-        for field in dataclasses.fields(base)
+        if issubclass(base, Group) and base is not Group
+        for field in dataclasses.fields(typing.cast(Any, base))
     }
 
 
