@@ -100,8 +100,11 @@ class RemoteError(TaskError):
     """
 
     def __init__(self, type_name: str, message: str) -> None:
-        self.type_name = type_name
-        super().__init__(f"{type_name}: {message}")
+        super().__init__(type_name, message)
+        self.type_name, self.message = type_name, message
+
+    def __str__(self) -> str:
+        return f"{self.type_name}: {self.message}"
 
 
 class RemoteTraceback(Exception):
