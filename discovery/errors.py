@@ -1,29 +1,49 @@
-"""Errors raised by :mod:`discovery`.
+"""Errors raised by :mod:`discovery`, and :class:`Facts`, the form of
+every error of the project that has facts.
 
 Every error derives from :class:`DiscoveryError`. Each leaf names one
-condition, keeps its facts as attributes and says in its message what to do
-next. The facts are also its ``args``, what pickling replays, and the
-message is made in ``__str__``, so that an error raised in a task reaches
-its client as itself. Where a builtin category fits (``ValueError`` for
-bad input, ``TimeoutError`` for a wait that ran out), the leaf subclasses
-it too, so callers may catch either.
+condition, keeps its facts as attributes (its fields: see :class:`Facts`)
+and says in its message what to do next. Where a builtin category fits
+(``ValueError`` for bad input, ``TimeoutError`` for a wait that ran out),
+the leaf subclasses it too, so callers may catch either.
 """
 
 from __future__ import annotations
 
+import dataclasses
+from typing import Any, dataclass_transform
 from uuid import UUID
+
+
+@dataclass_transform(eq_default=False)
+class Facts(Exception):
+    """An error with facts (each leaf here, and in
+    :mod:`workers.protocol.errors` and :mod:`pool.errors`): it declares them
+    as fields, as a dataclass does, and says its message in ``__str__``.
+    Each fact is an attribute, and its ``args`` are its facts, which
+    pickling replays: an error raised in a task reaches its client as
+    itself, facts and message. (Not frozen: raising sets its traceback.)
+    """
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        dataclasses.dataclass(eq=False)(cls)
+
+    def __post_init__(self) -> None:
+        # (BaseException's: an OSError's own would read the facts as errno.)
+        fields = dataclasses.fields(self)  # type: ignore[arg-type]
+        BaseException.__init__(self, *(getattr(self, f.name) for f in fields))
 
 
 class DiscoveryError(Exception):
     """Root of every error this package raises."""
 
 
-class InvalidNamespace(DiscoveryError, ValueError):
+class InvalidNamespace(Facts, DiscoveryError, ValueError):
     """A namespace name is not of the accepted form."""
 
-    def __init__(self, namespace: object, reason: str) -> None:
-        super().__init__(namespace, reason)
-        self.namespace, self.reason = namespace, reason
+    namespace: object
+    reason: str
 
     def __str__(self) -> str:
         return (
@@ -32,12 +52,10 @@ class InvalidNamespace(DiscoveryError, ValueError):
         )
 
 
-class NamespaceNotFound(DiscoveryError, LookupError):
+class NamespaceNotFound(Facts, DiscoveryError, LookupError):
     """No registry exists for the namespace. A retry helps once one is made."""
 
-    def __init__(self, namespace: str) -> None:
-        super().__init__(namespace)
-        self.namespace = namespace
+    namespace: str
 
     def __str__(self) -> str:
         return (
@@ -46,12 +64,11 @@ class NamespaceNotFound(DiscoveryError, LookupError):
         )
 
 
-class NamespaceInUse(DiscoveryError):
+class NamespaceInUse(Facts, DiscoveryError):
     """The namespace's registry belongs to a live process."""
 
-    def __init__(self, namespace: str, pid: int) -> None:
-        super().__init__(namespace, pid)
-        self.namespace, self.pid = namespace, pid
+    namespace: str
+    pid: int
 
     def __str__(self) -> str:
         return (
@@ -60,19 +77,13 @@ class NamespaceInUse(DiscoveryError):
         )
 
 
-class RegistryMismatch(DiscoveryError, ValueError):
+class RegistryMismatch(Facts, DiscoveryError, ValueError):
     """The namespace exists with a layout other than the one asked for."""
 
-    def __init__(
-        self, namespace: str, capacity: int, block_size: int, found: str
-    ) -> None:
-        super().__init__(namespace, capacity, block_size, found)
-        self.namespace, self.capacity, self.block_size, self.found = (
-            namespace,
-            capacity,
-            block_size,
-            found,
-        )
+    namespace: str
+    capacity: int
+    block_size: int
+    found: str
 
     def __str__(self) -> str:
         return (
@@ -82,15 +93,14 @@ class RegistryMismatch(DiscoveryError, ValueError):
         )
 
 
-class RegistryCorrupt(DiscoveryError):
+class RegistryCorrupt(Facts, DiscoveryError):
     """The namespace's segment does not hold a registry this version knows.
 
     Nothing is written to it. Stop whatever owns the namespace, or use another.
     """
 
-    def __init__(self, namespace: str, reason: str) -> None:
-        super().__init__(namespace, reason)
-        self.namespace, self.reason = namespace, reason
+    namespace: str
+    reason: str
 
     def __str__(self) -> str:
         return (
@@ -100,23 +110,22 @@ class RegistryCorrupt(DiscoveryError):
         )
 
 
-class UnsafeRuntimeDirectory(DiscoveryError, PermissionError):
+class UnsafeRuntimeDirectory(Facts, DiscoveryError, PermissionError):
     """A runtime path could be redirected or read by another user."""
 
-    def __init__(self, path: object, reason: str, fix: str) -> None:
-        super().__init__(path, reason, fix)
-        self.path, self.reason, self.fix = path, reason, fix
+    path: object
+    reason: str
+    fix: str
 
     def __str__(self) -> str:
         return f"refusing {self.path}: {self.reason}; {self.fix}"
 
 
-class RegistryFull(DiscoveryError):
+class RegistryFull(Facts, DiscoveryError):
     """Every slot of the namespace is taken. A drop frees one."""
 
-    def __init__(self, namespace: str, capacity: int) -> None:
-        super().__init__(namespace, capacity)
-        self.namespace, self.capacity = namespace, capacity
+    namespace: str
+    capacity: int
 
     def __str__(self) -> str:
         return (
@@ -125,12 +134,12 @@ class RegistryFull(DiscoveryError):
         )
 
 
-class WorkerInfoTooLarge(DiscoveryError, ValueError):
+class WorkerInfoTooLarge(Facts, DiscoveryError, ValueError):
     """A serialized ``WorkerInfo`` does not fit its slot's block."""
 
-    def __init__(self, uid: UUID, size: int, block_size: int) -> None:
-        super().__init__(uid, size, block_size)
-        self.uid, self.size, self.block_size = uid, size, block_size
+    uid: UUID
+    size: int
+    block_size: int
 
     def __str__(self) -> str:
         return (
@@ -140,12 +149,11 @@ class WorkerInfoTooLarge(DiscoveryError, ValueError):
         )
 
 
-class WorkerNotRegistered(DiscoveryError, LookupError):
+class WorkerNotRegistered(Facts, DiscoveryError, LookupError):
     """An update or drop named a worker that is not in the registry."""
 
-    def __init__(self, namespace: str, uid: UUID) -> None:
-        super().__init__(namespace, uid)
-        self.namespace, self.uid = namespace, uid
+    namespace: str
+    uid: UUID
 
     def __str__(self) -> str:
         return (
@@ -154,12 +162,11 @@ class WorkerNotRegistered(DiscoveryError, LookupError):
         )
 
 
-class WorkerAlreadyRegistered(DiscoveryError, ValueError):
+class WorkerAlreadyRegistered(Facts, DiscoveryError, ValueError):
     """A ``worker-added`` named a uid that is already registered."""
 
-    def __init__(self, namespace: str, uid: UUID) -> None:
-        super().__init__(namespace, uid)
-        self.namespace, self.uid = namespace, uid
+    namespace: str
+    uid: UUID
 
     def __str__(self) -> str:
         return (
@@ -168,12 +175,10 @@ class WorkerAlreadyRegistered(DiscoveryError, ValueError):
         )
 
 
-class UnknownEventType(DiscoveryError, ValueError):
+class UnknownEventType(Facts, DiscoveryError, ValueError):
     """An event type outside the three lifecycle events."""
 
-    def __init__(self, type: object) -> None:
-        super().__init__(type)
-        self.type = type
+    type: object
 
     def __str__(self) -> str:
         return (
@@ -182,12 +187,11 @@ class UnknownEventType(DiscoveryError, ValueError):
         )
 
 
-class LockTimeout(DiscoveryError, TimeoutError):
+class LockTimeout(Facts, DiscoveryError, TimeoutError):
     """The registry lock stayed held past the bounded wait. A retry may help."""
 
-    def __init__(self, namespace: str, timeout_s: float) -> None:
-        super().__init__(namespace, timeout_s)
-        self.namespace, self.timeout_s = namespace, timeout_s
+    namespace: str
+    timeout_s: float
 
     def __str__(self) -> str:
         return (

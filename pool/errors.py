@@ -1,25 +1,27 @@
 """Errors of the pool, under :class:`PoolError`.
 
 The dispatcher raises some of these on behalf of a task and they travel to
-the client pickled, so each keeps its constructor's arguments in ``args``
-(what pickling replays) and builds its message in ``__str__``.
+the client pickled: each with facts is a :class:`~discovery.errors.Facts`,
+which pickling rebuilds whole.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 
+from discovery.errors import Facts
+
 
 class PoolError(Exception):
     """Root of every error this package raises."""
 
 
-class PoolNotRunning(PoolError, ConnectionError):
+class PoolNotRunning(Facts, PoolError, ConnectionError):
     """No pool serves the namespace. Start one, then retry."""
 
-    def __init__(self, namespace: str, detail: str = "", hint: str = "") -> None:
-        super().__init__(namespace, detail, hint)
-        self.namespace, self.detail, self.hint = namespace, detail, hint
+    namespace: str
+    detail: str = ""
+    hint: str = ""
 
     def __str__(self) -> str:
         why = f" ({self.detail})" if self.detail else ""
@@ -50,24 +52,22 @@ class PoolRefused(PoolNotRunning):
         return f"{where} refused this client: {self.detail}"
 
 
-class ProtocolMismatch(PoolError):
+class ProtocolMismatch(Facts, PoolError):
     """The pool and this client speak different versions of the wire
     protocol: install the same shm-pool version on both sides."""
 
-    def __init__(self, namespace: str, detail: str) -> None:
-        super().__init__(namespace, detail)
-        self.namespace, self.detail = namespace, detail
+    namespace: str
+    detail: str
 
     def __str__(self) -> str:
         return f"the pool in namespace {self.namespace!r} refused us: {self.detail}"
 
 
-class PoolAlreadyRunning(PoolError):
+class PoolAlreadyRunning(Facts, PoolError):
     """A live pool already owns the namespace."""
 
-    def __init__(self, namespace: str, pid: int) -> None:
-        super().__init__(namespace, pid)
-        self.namespace, self.pid = namespace, pid
+    namespace: str
+    pid: int
 
     def __str__(self) -> str:
         return (
@@ -77,19 +77,14 @@ class PoolAlreadyRunning(PoolError):
         )
 
 
-class NoWorkerAvailable(PoolError, TimeoutError):
+class NoWorkerAvailable(Facts, PoolError, TimeoutError):
     """No ready worker (with the task's tags) appeared within the wait; or,
     once every worker of the pool has started, none has the task's tags
     (``known`` then says which tags the pool's workers have)."""
 
-    def __init__(
-        self,
-        tags: tuple[str, ...],
-        waited_s: float,
-        known: tuple[str, ...] | None = None,
-    ) -> None:
-        super().__init__(tags, waited_s, known)
-        self.tags, self.waited_s, self.known = tags, waited_s, known
+    tags: tuple[str, ...]
+    waited_s: float
+    known: tuple[str, ...] | None = None
 
     def __str__(self) -> str:
         needs = f" with tags {', '.join(self.tags)}" if self.tags else ""
@@ -106,7 +101,7 @@ class NoWorkerAvailable(PoolError, TimeoutError):
         )
 
 
-class WorkerLost(PoolError):
+class WorkerLost(Facts, PoolError):
     """The task's worker died under it too many times: the task may be what
     kills them (a poison task), so it is not run again.
 
@@ -114,9 +109,8 @@ class WorkerLost(PoolError):
     ``workers`` says, for each, its pid, uid and how it ended.
     """
 
-    def __init__(self, attempts: int, workers: tuple[str, ...]) -> None:
-        super().__init__(attempts, workers)
-        self.attempts, self.workers = attempts, workers
+    attempts: int
+    workers: tuple[str, ...]
 
     def __str__(self) -> str:
         if not self.workers:

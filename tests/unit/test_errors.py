@@ -37,6 +37,7 @@ def _errors(*modules: types.ModuleType) -> list[type[BaseException]]:
         if isinstance(value, type)
         and issubclass(value, BaseException)
         and value.__module__ == module.__name__
+        and value is not discovery.errors.Facts  # (a form, never raised itself)
     ]
 
 

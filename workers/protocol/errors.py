@@ -11,6 +11,8 @@ from typing import ClassVar
 
 import grpc
 
+from discovery.errors import Facts
+
 
 class TaskError(Exception):
     """Root of the errors about a task itself (not what the task raised)."""
@@ -54,7 +56,7 @@ class ResultTooLarge(TaskError):
     status: ClassVar[grpc.StatusCode] = grpc.StatusCode.RESOURCE_EXHAUSTED
 
 
-class InitializerFailed(TaskError):
+class InitializerFailed(Facts, TaskError):
     """The pool's initializer failed in its workers, so often that the pool
     starts no more: no task can run. ``exception`` is the initializer's own
     exception (None if it did not pickle); the remote traceback, its
@@ -62,12 +64,11 @@ class InitializerFailed(TaskError):
 
     status: ClassVar[grpc.StatusCode] = grpc.StatusCode.FAILED_PRECONDITION
 
-    def __init__(self, message: str, exception: BaseException | None = None) -> None:
-        super().__init__(message, exception)
-        self.exception = exception
+    message: str
+    exception: BaseException | None = None
 
     def __str__(self) -> str:
-        return str(self.args[0])
+        return self.message
 
 
 class TaskIdReused(BadTask):
@@ -76,7 +77,7 @@ class TaskIdReused(BadTask):
     status = grpc.StatusCode.ALREADY_EXISTS
 
 
-class TaskTimeout(TaskError, TimeoutError):
+class TaskTimeout(Facts, TaskError, TimeoutError):
     """The task ran over its time limit (``task_timeout_s``).
 
     A coroutine task is cancelled; a plain function cannot be interrupted,
@@ -85,49 +86,43 @@ class TaskTimeout(TaskError, TimeoutError):
 
     status: ClassVar[grpc.StatusCode] = grpc.StatusCode.DEADLINE_EXCEEDED
 
-    def __init__(self, timeout_s: float) -> None:
-        super().__init__(timeout_s)
-        self.timeout_s = timeout_s
+    timeout_s: float
 
     def __str__(self) -> str:
         return f"the task ran over its {self.timeout_s:g} s"
 
 
-class RemoteError(TaskError):
+class RemoteError(Facts, TaskError):
     """A task raised an exception that could not be rebuilt here.
 
     ``type_name`` is the remote exception's type; the message is its text.
     """
 
-    def __init__(self, type_name: str, message: str) -> None:
-        super().__init__(type_name, message)
-        self.type_name, self.message = type_name, message
+    type_name: str
+    message: str
 
     def __str__(self) -> str:
         return f"{self.type_name}: {self.message}"
 
 
-class RemoteTraceback(Exception):
+class RemoteTraceback(Facts, Exception):
     """The traceback of an exception raised in a worker, as text."""
 
-    def __init__(self, tb: str) -> None:
-        self.tb = tb
-        super().__init__(tb)
+    tb: str
 
     def __str__(self) -> str:
         return f'\n"""\n{self.tb}"""'
 
 
-class DataGone(BadTask, LookupError):
+class DataGone(Facts, BadTask, LookupError):
     """A payload's shared memory is gone: its client released it (a
     ``put`` reference released or dropped, the client closed) or died.
     ``segment`` names it."""
 
     status = grpc.StatusCode.NOT_FOUND
 
-    def __init__(self, segment: str, why: str) -> None:
-        super().__init__(segment, why)
-        self.segment, self.why = segment, why
+    segment: str
+    why: str
 
     def __str__(self) -> str:
         return (
@@ -146,7 +141,7 @@ class TransferLost(DataGone):
         return f"{self.segment}: {self.why}"
 
 
-class SharedMemoryFull(TaskError, MemoryError):
+class SharedMemoryFull(Facts, TaskError, MemoryError):
     """A payload does not fit the shared memory left: ``needed`` bytes,
     ``free`` of them free in ``where`` (/dev/shm, or the pool's
     ``--shm-limit``). Nothing was written; a smaller payload, or one sent
@@ -154,9 +149,9 @@ class SharedMemoryFull(TaskError, MemoryError):
 
     status: ClassVar[grpc.StatusCode] = grpc.StatusCode.RESOURCE_EXHAUSTED
 
-    def __init__(self, needed: int, free: int, where: str) -> None:
-        super().__init__(needed, free, where)
-        self.needed, self.free, self.where = needed, free, where
+    needed: int
+    free: int
+    where: str
 
     def __str__(self) -> str:
         return (
