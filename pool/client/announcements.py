@@ -23,13 +23,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import json
 import math
 import time
 import uuid
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final, cast
-
-from pool.client.rendezvous import Announced
 
 if TYPE_CHECKING:
     import redis.asyncio as aioredis
@@ -69,6 +69,30 @@ table.insert(ends, 1, now)
 return ends
 """
 )
+
+
+@dataclass(frozen=True)
+class Announced:
+    """Where clients of other machines reach one dispatcher; ``id`` (given
+    by :func:`announce`) tells it from the pool's
+    others."""
+
+    address: str
+    tls: bool = False
+    id: str = ""
+
+    def encode(self) -> str:
+        return json.dumps({"address": self.address, "tls": self.tls, "id": self.id})
+
+    @classmethod
+    def decode(cls, data: bytes) -> Announced:
+        """:raises ValueError: for anything :meth:`encode` did not make."""
+        fields = json.loads(data)
+        if not isinstance(fields, dict) or not all(
+            isinstance(fields.get(name), str) for name in ("address", "id")
+        ):
+            raise ValueError(f"not a dispatcher's announcement: {data!r}")
+        return cls(fields["address"], fields.get("tls") is True, fields["id"])
 
 
 def unavailable() -> tuple[type[BaseException], ...]:

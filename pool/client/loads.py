@@ -18,22 +18,33 @@ import asyncio
 import math
 import random
 from collections.abc import Awaitable, Callable, Sequence
-from typing import Final
+from typing import Final, Protocol, TypeVar
 
 from grpc import aio
 
 from pool import dispatcher_pb2_grpc
-from pool.client.rendezvous import Target
 from pool.dispatcher_pb2 import ListWorkersReply, ListWorkersRequest
 from workers.protocol import auth
 
 ASK_TIMEOUT_S: Final = 0.5  # a dispatcher that answers slower is passed over
 
 Load = tuple[float, float]  # (tasks, clients): the smaller, the less loaded
-Channel = Callable[[Target], Awaitable[aio.Channel]]
 
 
-async def least_loaded(targets: Sequence[Target], channel: Channel) -> Target:
+class Dispatcher(Protocol):
+    """What is asked here of a dispatcher to call (a
+    :class:`~pool.client.rendezvous.Target`): the token it takes."""
+
+    @property
+    def token(self) -> str: ...
+
+
+D = TypeVar("D", bound=Dispatcher)
+
+
+async def least_loaded(
+    targets: Sequence[D], channel: Callable[[D], Awaitable[aio.Channel]]
+) -> D:
     """Of ``targets`` (at least one), the least loaded; see the module
     docstring. ``channel`` opens a channel to a dispatcher."""
     if len(targets) == 1:
@@ -44,7 +55,9 @@ async def least_loaded(targets: Sequence[Target], channel: Channel) -> Target:
     return shuffled[min(range(len(shuffled)), key=loads.__getitem__)]
 
 
-async def ask(target: Target, channel: Channel) -> ListWorkersReply | None:
+async def ask(
+    target: D, channel: Callable[[D], Awaitable[aio.Channel]]
+) -> ListWorkersReply | None:
     """What the dispatcher ``target`` answers (``ListWorkers``), or None if
     it does not within :data:`ASK_TIMEOUT_S`."""
     try:

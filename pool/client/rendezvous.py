@@ -28,6 +28,8 @@ import grpc
 from grpc import aio
 
 from discovery import owner_pid, paths
+from pool.client import announcements, loads
+from pool.client.announcements import Announced
 from pool.errors import PoolNotRunning, PoolRefused
 from workers.common import channels
 from workers.common.offload import Offload
@@ -87,30 +89,6 @@ class DataPlane:
 
 
 @dataclass(frozen=True)
-class Announced:
-    """Where clients of other machines reach one dispatcher; ``id`` (given
-    by :func:`pool.client.announcements.announce`) tells it from the pool's
-    others."""
-
-    address: str
-    tls: bool = False
-    id: str = ""
-
-    def encode(self) -> str:
-        return json.dumps({"address": self.address, "tls": self.tls, "id": self.id})
-
-    @classmethod
-    def decode(cls, data: bytes) -> Announced:
-        """:raises ValueError: for anything :meth:`encode` did not make."""
-        fields = json.loads(data)
-        if not isinstance(fields, dict) or not all(
-            isinstance(fields.get(name), str) for name in ("address", "id")
-        ):
-            raise ValueError(f"not a dispatcher's announcement: {data!r}")
-        return cls(fields["address"], fields.get("tls") is True, fields["id"])
-
-
-@dataclass(frozen=True)
 class Target:
     """A dispatcher to call: its address, the token, and whether it serves TLS."""
 
@@ -152,8 +130,6 @@ class Locator:
         if self.discovery_url is None:
             run = offload.run if offload is not None else asyncio.to_thread
             return await run(_here, self.namespace)
-        from pool.client import announcements, loads
-
         try:
             found = await announcements.live(self.discovery_url, self.namespace)
         except announcements.unavailable() as exc:
@@ -193,8 +169,6 @@ class Locator:
         """
         if self.discovery_url is None:
             return [_here(self.namespace)]
-        from pool.client import announcements
-
         try:
             found = announcements.live_sync(self.discovery_url, self.namespace)
         except announcements.unavailable() as exc:

@@ -41,7 +41,7 @@ from collections.abc import Callable, Coroutine
 from typing import Any, Final
 
 from discovery import LocalDiscovery, NamespaceInUse, paths, sweep_dead
-from pool.client import announcements, rendezvous
+from pool.client import announcements
 from pool.client.rendezvous import ADDRESS_FILE
 from pool.dispatcher import messages
 from pool.errors import PoolAlreadyRunning
@@ -91,11 +91,16 @@ class Supervisor:
         on_ready: Callable[[], None] | None = None,
     ) -> None:
         self.settings = settings
-        self.dashboard = dashboard_for(settings)
+        self.dashboard = dashboard_for(
+            settings.namespace,
+            settings.dashboard,
+            settings.discovery_url,
+            settings.tls_ca,
+        )
         self.view = Tee(view, self.dashboard.board) if self.dashboard else view
         self._on_ready = on_ready
         self.address = ""  # the dispatcher's, for this machine's clients
-        self.remote = rendezvous.Announced("")  # for others, with --discovery
+        self.remote = announcements.Announced("")  # for others, with --discovery
         self._stopping = False
         self._dispatcher: Child | None = None
         self._workers: list[Child] = []
@@ -335,7 +340,7 @@ class Supervisor:
         """Where clients find the dispatcher (a restarted one may listen
         elsewhere), and what it must know of a pool that has started."""
         self.address = ready["address"]
-        self.remote = rendezvous.Announced(
+        self.remote = announcements.Announced(
             ready.get("remote", self.address), bool(ready.get("tls"))
         )
         paths.write_private(self.settings.namespace, ADDRESS_FILE, self.address)

@@ -23,8 +23,8 @@ import pytest
 from pool import Client
 from pool.cli.inspect import ask_dispatcher
 from pool.client import announcements
-from pool.client.announcements import live_sync
-from pool.client.rendezvous import Announced, Locator, Target
+from pool.client.announcements import Announced, live_sync
+from pool.client.rendezvous import Locator, Target
 from tests.integration.test_redis_pool import remote_worker
 from tests.support import sample_tasks
 from tests.support.helpers import wait_until

@@ -15,7 +15,6 @@ from typing import TYPE_CHECKING, Final
 
 if TYPE_CHECKING:
     from pool.supervisor.dashboard.server import Dashboard
-    from pool.supervisor.settings import PoolSettings
 
 DEFAULT_ADDRESS: Final = "127.0.0.1:8787"
 INSTALL: Final = ".venv/bin/pip install -e '.[dashboard]'"  # (the README's form)
@@ -46,22 +45,24 @@ def is_loopback(host: str) -> bool:
         return False  # a host name: whatever it resolves to, assume others
 
 
-def dashboard_for(settings: PoolSettings) -> Dashboard | None:
-    """A dashboard of the pool ``settings`` describe, to serve on their
-    ``dashboard`` address (``[HOST:]PORT``) once started with the pool's
-    token; None without one. On Redis, it shows every dispatcher."""
-    if settings.dashboard is None:
+def dashboard_for(
+    namespace: str, address: str | None, discovery_url: str | None, tls_ca: str | None
+) -> Dashboard | None:
+    """A dashboard of the pool of ``namespace``, to serve on ``address``
+    (``[HOST:]PORT``; None: no dashboard) once started with the pool's
+    token. On Redis (``discovery_url``, and ``tls_ca`` to check its
+    dispatchers), it shows every dispatcher."""
+    if address is None:
         return None
     from pool.client.rendezvous import Locator
     from pool.supervisor.dashboard.board import Board
     from pool.supervisor.dashboard.metrics import Metrics
     from pool.supervisor.dashboard.server import Dashboard
 
-    host, port = listen_address(settings.dashboard)
-    board = Board(settings.namespace)
+    host, port = listen_address(address)
+    board = Board(namespace)
     metrics = Metrics(board)
     board.on_drop_seen = metrics.drop_seen
-    url = settings.discovery_url
-    remote = Locator(settings.namespace, url, None, settings.tls_ca) if url else None
+    remote = Locator(namespace, discovery_url, None, tls_ca) if discovery_url else None
     needs_token = not is_loopback(host)
     return Dashboard(board, metrics, host, port, needs_token, remote=remote)
