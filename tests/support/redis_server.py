@@ -105,6 +105,7 @@ class SentinelSet:
     make and await a failover."""
 
     SERVICE = "shmp-test"
+    FAILOVER_TIMEOUT_MS = 5000
 
     def __init__(self) -> None:
         self.primary, self.replica = RedisServer(), RedisServer()
@@ -123,7 +124,7 @@ class SentinelSet:
                 f"port {port}\nbind 127.0.0.1\ndir {self._dir}\n"
                 f"sentinel monitor {self.SERVICE} 127.0.0.1 {self.primary.port} 2\n"
                 f"sentinel down-after-milliseconds {self.SERVICE} 500\n"
-                f"sentinel failover-timeout {self.SERVICE} 5000\n"
+                f"sentinel failover-timeout {self.SERVICE} {self.FAILOVER_TIMEOUT_MS}\n"
             )
             self.sentinels.append(
                 subprocess.Popen(
@@ -164,8 +165,11 @@ class SentinelSet:
         self.primary.proc.wait()
 
     def wait_failover(self) -> None:
-        """Until the Sentinels name the replica as the primary."""
-        wait_until(lambda: self.primary_port() == self.replica.port)
+        """Until the Sentinels name the replica as the primary: long enough
+        for an election that failed (split votes, on a loaded machine) to be
+        tried again, which Sentinel does after twice the failover timeout."""
+        timeout_s = 3 * self.FAILOVER_TIMEOUT_MS / 1000
+        wait_until(lambda: self.primary_port() == self.replica.port, timeout_s)
 
     def close(self) -> None:
         for sentinel in self.sentinels:
