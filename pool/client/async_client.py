@@ -16,11 +16,11 @@ from typing import Any, Self, Unpack
 
 from pool.client.connection import Connection
 from pool.client.core import ClientOptions, dropped, open_options, outcome
-from pool.client.mapping import PROBE_WAIT_S, Args, MapPlan
+from pool.client.mapping import PROBE_WAIT_S, Args, InMap, MapPlan
 from pool.client.refs import ObjectRef
 from pool.client.store import NO_STORE, Hold, Store
 from workers.protocol import codec, shipping
-from workers.protocol.worker_pb2 import MapPart, Result
+from workers.protocol.worker_pb2 import Result
 
 
 class AsyncClient:
@@ -75,14 +75,12 @@ class AsyncClient:
         ref: shipping.Reference,
         args: Args,
         kwargs: Any,
-        *,
-        chunk: bool = False,
-        part: MapPart | None = None,
+        in_map: InMap | None = None,
     ) -> tuple[int, asyncio.Future[Any]]:
         connection = self._opened()
         store = connection.store
         submission, code, hold = self._submissions.make(
-            ref, args, kwargs, chunk=chunk, store=store, part=part
+            ref, args, kwargs, store=store, in_map=in_map
         )
         answer: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         connection.submit(submission, _AsyncHandler(answer, store, hold), code)
@@ -134,11 +132,11 @@ class AsyncClient:
         chunked, part = plan.chunked, self._submissions.map_part(plan.calls)
         ref = self._submissions.reference(fn)
         first = plan.first(self._submissions.per_call_s(ref))
-        sent = [self._send(ref, a, {}, chunk=chunked, part=part) for a in first]
+        sent = [self._send(ref, a, {}, InMap(part, chunked)) for a in first]
         if plan.adaptive:
             per_call_s = await _time_per_call_async([a for _, a in sent])
             rest = plan.rest(per_call_s)
-            sent += [self._send(ref, a, {}, chunk=True, part=part) for a in rest]
+            sent += [self._send(ref, a, {}, InMap(part, True)) for a in rest]
         sent.reverse()
         try:
             while sent:

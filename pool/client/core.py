@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterable
 from typing import Any, Final, TypedDict
 
 from discovery import backends, paths
-from pool.client.mapping import MIN_TIMED_CALLS, Args, calls_in
+from pool.client.mapping import MIN_TIMED_CALLS, Args, InMap, calls_in
 from pool.client.rendezvous import Locator
 from pool.client.store import HOLD_NOTHING, Hold, Store
 from pool.dispatcher_pb2 import Submission
@@ -136,14 +136,13 @@ class Submissions:
         args: Args,
         kwargs: Any,
         *,
-        chunk: bool = False,
         store: Store | None = None,
-        part: MapPart | None = None,
+        in_map: InMap | None = None,
     ) -> tuple[Submission, bytes, Hold]:
         """A submission calling ``ref``, the code to ship with it, and what
         its arguments hold in shared memory (through ``store``, when the
-        pool shares this machine's) until it is answered; ``part``: which
-        map it is of, for the dashboard (:meth:`map_part`).
+        pool shares this machine's) until it is answered; ``in_map``: the
+        map it is a task of (:meth:`map_part`), if any.
 
         :raises ArgumentsTooLarge: if its function would not fit a message.
         :raises SharedMemoryFull: if its arguments do not fit shared memory.
@@ -159,11 +158,10 @@ class Submissions:
             task.digest, task.label = ref.digest, ref.label
         if self.timeout_s:
             task.timeout_s = self.timeout_s
-        if chunk:
-            task.chunk = True
-        if part is not None:
-            task.map.CopyFrom(part)
-            task.map.calls = calls_in(args, chunk)
+        if in_map is not None:
+            task.chunk = in_map.chunk
+            task.map.CopyFrom(in_map.part)
+            task.map.calls = calls_in(args, in_map.chunk)
         return submission, ref.code, hold
 
     def map_part(self, total: int) -> MapPart:

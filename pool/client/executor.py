@@ -32,12 +32,18 @@ from typing import Any, Unpack
 from pool.client.core import ClientOptions, open_options
 from pool.client.futures import PoolFuture
 from pool.client.loop import LoopThread, interpreter_exiting
-from pool.client.mapping import PROBE_MAX_S, PROBE_WAIT_S, Args, MapPlan, calls_in
+from pool.client.mapping import (
+    PROBE_MAX_S,
+    PROBE_WAIT_S,
+    Args,
+    InMap,
+    MapPlan,
+    calls_in,
+)
 from pool.client.progress import Progress, follow, open_bar
 from pool.client.refs import ObjectRef
 from pool.client.store import NO_STORE
 from workers.protocol import codec, shipping
-from workers.protocol.worker_pb2 import MapPart
 
 __all__ = ["Client"]
 
@@ -129,9 +135,7 @@ class Client(concurrent.futures.Executor):
         ref: Ref,
         args: Args,
         kwargs: Any,
-        *,
-        chunk: bool = False,
-        part: MapPart | None = None,
+        in_map: InMap | None = None,
     ) -> concurrent.futures.Future[Any]:
         self._runner.reserve()  # (waits while max_pending futures are pending)
         submitted = False
@@ -148,12 +152,7 @@ class Client(concurrent.futures.Executor):
                     if isinstance(ref, Exception):
                         raise ref
                     submission, code, hold = self._submissions.make(
-                        ref,
-                        args,
-                        kwargs,
-                        chunk=chunk,
-                        store=self._runner.store,
-                        part=part,
+                        ref, args, kwargs, store=self._runner.store, in_map=in_map
                     )
                 except Exception as exc:
                     future.set_exception(exc)
@@ -216,10 +215,10 @@ class Client(concurrent.futures.Executor):
         with store.one_call() if store else contextlib.nullcontext():
             tasks = plan.first(self._submissions.per_call_s(ref))
             chunk, part = plan.chunked, self._submissions.map_part(plan.calls)
-            futures = [self._send(ref, a, {}, chunk=chunk, part=part) for a in tasks]
+            futures = [self._send(ref, a, {}, InMap(part, chunk)) for a in tasks]
             if plan.adaptive:
                 rest = plan.rest(_time_per_call(futures))
-                futures += [self._send(ref, a, {}, chunk=True, part=part) for a in rest]
+                futures += [self._send(ref, a, {}, InMap(part, True)) for a in rest]
                 tasks += rest
         sizes = [calls_in(args, chunk) for args in tasks]
         return futures, sizes

@@ -1,6 +1,7 @@
 """How a ``map``'s calls are cut into tasks, for both clients
 (:class:`MapPlan`): one call a task, chunks of a given size, or adaptive
-chunks sized by how long the first calls ran (:func:`auto_chunksize`).
+chunks sized by how long the first calls ran (:func:`auto_chunksize`);
+and what each of its tasks says of the map (:class:`InMap`).
 No I/O; :meth:`pool.client.executor.Client.map` and
 :meth:`pool.client.async_client.AsyncClient.map` send what is planned here.
 """
@@ -9,9 +10,10 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Iterable, Iterator
-from typing import Any, Final
+from typing import Any, Final, NamedTuple
 
 from workers.protocol import payload
+from workers.protocol.worker_pb2 import MapPart
 
 # map's adaptive chunks (see Client.map): the first calls go one per task,
 PROBE_CALLS: Final = 8
@@ -33,6 +35,15 @@ MAX_CHUNK_BYTES: Final = 1 << 20
 MIN_TIMED_CALLS: Final = 16
 
 Args = tuple[Any, ...]  # a call's positional arguments
+
+
+class InMap(NamedTuple):
+    """A task of a map: which map it is of (``part``: its id and total, for
+    the dashboard; each task sets its own ``calls``) and whether its
+    arguments are a chunk of calls or one call's (:func:`calls_in`)."""
+
+    part: MapPart
+    chunk: bool
 
 
 def calls_in(args: Args, chunk: bool) -> int:
