@@ -11,7 +11,9 @@ the leaf subclasses it too, so callers may catch either.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, dataclass_transform
+import re
+import string
+from typing import Any, ClassVar, dataclass_transform
 from uuid import UUID
 
 
@@ -19,20 +21,42 @@ from uuid import UUID
 class Facts(Exception):
     """An error with facts (each leaf here, and in
     :mod:`workers.protocol.errors` and :mod:`pool.errors`): it declares them
-    as fields, as a dataclass does, and says its message in ``__str__``.
-    Each fact is an attribute, and its ``args`` are its facts, which
-    pickling replays: an error raised in a task reaches its client as
-    itself, facts and message. (Not frozen: raising sets its traceback.)
+    as fields, as a dataclass does, and its message as :attr:`MESSAGE`, a
+    :meth:`str.format` template of them (a leaf whose message depends on
+    its facts' values says it in ``__str__`` instead). Each fact is an
+    attribute, and its ``args`` are its facts, which pickling replays: an
+    error raised in a task reaches its client as itself, facts and message.
+    (Not frozen: raising sets its traceback.)
     """
+
+    MESSAGE: ClassVar[str] = ""
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
         dataclasses.dataclass(eq=False)(cls)
+        if not cls.MESSAGE and cls.__str__ is Facts.__str__:
+            raise TypeError(
+                f"{cls.__name__} says nothing: give it a MESSAGE or a __str__"
+            )
+        facts = {f.name for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
+        for _, field, _, _ in string.Formatter().parse(cls.MESSAGE):
+            name = None if field is None else re.split(r"[.\[]", field)[0]
+            if name is not None and name not in facts:  # (at import, not raise)
+                raise TypeError(
+                    f"{cls.__name__}.MESSAGE names {{{name}}}, which is not "
+                    f"one of its facts ({', '.join(sorted(facts)) or 'none'})"
+                )
 
     def __post_init__(self) -> None:
         # (BaseException's: an OSError's own would read the facts as errno.)
+        BaseException.__init__(self, *self._facts().values())
+
+    def __str__(self) -> str:
+        return self.MESSAGE.format_map(self._facts())
+
+    def _facts(self) -> dict[str, Any]:
         fields = dataclasses.fields(self)  # type: ignore[arg-type]
-        BaseException.__init__(self, *(getattr(self, f.name) for f in fields))
+        return {f.name: getattr(self, f.name) for f in fields}
 
 
 class DiscoveryError(Exception):
@@ -45,11 +69,10 @@ class InvalidNamespace(Facts, DiscoveryError, ValueError):
     namespace: object
     reason: str
 
-    def __str__(self) -> str:
-        return (
-            f"invalid namespace {self.namespace!r}: {self.reason}; use 1 to 64 ASCII "
-            f"letters, digits, '-', '_' or '.'"
-        )
+    MESSAGE = (
+        "invalid namespace {namespace!r}: {reason}; use 1 to 64 ASCII "
+        "letters, digits, '-', '_' or '.'"
+    )
 
 
 class NamespaceNotFound(Facts, DiscoveryError, LookupError):
@@ -57,11 +80,10 @@ class NamespaceNotFound(Facts, DiscoveryError, LookupError):
 
     namespace: str
 
-    def __str__(self) -> str:
-        return (
-            f"namespace {self.namespace!r} has no registry; start the pool (or open "
-            f"LocalDiscovery({self.namespace!r})) before publishing to it"
-        )
+    MESSAGE = (
+        "namespace {namespace!r} has no registry; start the pool (or open "
+        "LocalDiscovery({namespace!r})) before publishing to it"
+    )
 
 
 class NamespaceInUse(Facts, DiscoveryError):
@@ -70,11 +92,10 @@ class NamespaceInUse(Facts, DiscoveryError):
     namespace: str
     pid: int
 
-    def __str__(self) -> str:
-        return (
-            f"namespace {self.namespace!r} belongs to live process {self.pid}; stop it "
-            f"or use another namespace"
-        )
+    MESSAGE = (
+        "namespace {namespace!r} belongs to live process {pid}; stop it "
+        "or use another namespace"
+    )
 
 
 class RegistryMismatch(Facts, DiscoveryError, ValueError):
@@ -85,12 +106,11 @@ class RegistryMismatch(Facts, DiscoveryError, ValueError):
     block_size: int
     found: str
 
-    def __str__(self) -> str:
-        return (
-            f"namespace {self.namespace!r} already exists with {self.found}, not "
-            f"capacity {self.capacity} and block size {self.block_size}; pass the "
-            f"existing values or use another namespace"
-        )
+    MESSAGE = (
+        "namespace {namespace!r} already exists with {found}, not "
+        "capacity {capacity} and block size {block_size}; pass the "
+        "existing values or use another namespace"
+    )
 
 
 class RegistryCorrupt(Facts, DiscoveryError):
@@ -102,12 +122,11 @@ class RegistryCorrupt(Facts, DiscoveryError):
     namespace: str
     reason: str
 
-    def __str__(self) -> str:
-        return (
-            f"namespace {self.namespace!r} holds no usable registry ({self.reason}); "
-            f"it was left untouched: stop the process that owns it or use another "
-            f"namespace"
-        )
+    MESSAGE = (
+        "namespace {namespace!r} holds no usable registry ({reason}); "
+        "it was left untouched: stop the process that owns it or use another "
+        "namespace"
+    )
 
 
 class UnsafeRuntimeDirectory(Facts, DiscoveryError, PermissionError):
@@ -117,8 +136,7 @@ class UnsafeRuntimeDirectory(Facts, DiscoveryError, PermissionError):
     reason: str
     fix: str
 
-    def __str__(self) -> str:
-        return f"refusing {self.path}: {self.reason}; {self.fix}"
+    MESSAGE = "refusing {path}: {reason}; {fix}"
 
 
 class RegistryFull(Facts, DiscoveryError):
@@ -127,11 +145,10 @@ class RegistryFull(Facts, DiscoveryError):
     namespace: str
     capacity: int
 
-    def __str__(self) -> str:
-        return (
-            f"namespace {self.namespace!r} is full ({self.capacity} workers); stop a "
-            f"worker or start the pool with a larger --capacity"
-        )
+    MESSAGE = (
+        "namespace {namespace!r} is full ({capacity} workers); stop a "
+        "worker or start the pool with a larger --capacity"
+    )
 
 
 class WorkerInfoTooLarge(Facts, DiscoveryError, ValueError):
@@ -141,12 +158,11 @@ class WorkerInfoTooLarge(Facts, DiscoveryError, ValueError):
     size: int
     block_size: int
 
-    def __str__(self) -> str:
-        return (
-            f"worker {self.uid} encodes to {self.size} bytes but a block holds "
-            f"{self.block_size}; shorten its tags and extra, or create the namespace "
-            f"with a larger block_size"
-        )
+    MESSAGE = (
+        "worker {uid} encodes to {size} bytes but a block holds "
+        "{block_size}; shorten its tags and extra, or create the namespace "
+        "with a larger block_size"
+    )
 
 
 class WorkerNotRegistered(Facts, DiscoveryError, LookupError):
@@ -155,11 +171,10 @@ class WorkerNotRegistered(Facts, DiscoveryError, LookupError):
     namespace: str
     uid: UUID
 
-    def __str__(self) -> str:
-        return (
-            f"worker {self.uid} is not registered in namespace {self.namespace!r}; "
-            f"publish 'worker-added' first (it may have been reaped)"
-        )
+    MESSAGE = (
+        "worker {uid} is not registered in namespace {namespace!r}; "
+        "publish 'worker-added' first (it may have been reaped)"
+    )
 
 
 class WorkerAlreadyRegistered(Facts, DiscoveryError, ValueError):
@@ -168,11 +183,10 @@ class WorkerAlreadyRegistered(Facts, DiscoveryError, ValueError):
     namespace: str
     uid: UUID
 
-    def __str__(self) -> str:
-        return (
-            f"worker {self.uid} is already registered in namespace {self.namespace!r}; "
-            f"publish 'worker-updated' to change it"
-        )
+    MESSAGE = (
+        "worker {uid} is already registered in namespace {namespace!r}; "
+        "publish 'worker-updated' to change it"
+    )
 
 
 class UnknownEventType(Facts, DiscoveryError, ValueError):
@@ -180,11 +194,10 @@ class UnknownEventType(Facts, DiscoveryError, ValueError):
 
     type: object
 
-    def __str__(self) -> str:
-        return (
-            f"unknown discovery event type {self.type!r}; expected 'worker-added', "
-            f"'worker-updated' or 'worker-dropped'"
-        )
+    MESSAGE = (
+        "unknown discovery event type {type!r}; expected 'worker-added', "
+        "'worker-updated' or 'worker-dropped'"
+    )
 
 
 class LockTimeout(Facts, DiscoveryError, TimeoutError):
@@ -193,9 +206,8 @@ class LockTimeout(Facts, DiscoveryError, TimeoutError):
     namespace: str
     timeout_s: float
 
-    def __str__(self) -> str:
-        return (
-            f"the registry lock of namespace {self.namespace!r} was held for more "
-            f"than {self.timeout_s:g} s; a process holding it may be stuck (see "
-            f"`fuser` on its lock file) or the wait may need raising"
-        )
+    MESSAGE = (
+        "the registry lock of namespace {namespace!r} was held for more "
+        "than {timeout_s:g} s; a process holding it may be stuck (see "
+        "`fuser` on its lock file) or the wait may need raising"
+    )

@@ -59,8 +59,7 @@ class ProtocolMismatch(Facts, PoolError):
     namespace: str
     detail: str
 
-    def __str__(self) -> str:
-        return f"the pool in namespace {self.namespace!r} refused us: {self.detail}"
+    MESSAGE = "the pool in namespace {namespace!r} refused us: {detail}"
 
 
 class PoolAlreadyRunning(Facts, PoolError):
@@ -69,12 +68,11 @@ class PoolAlreadyRunning(Facts, PoolError):
     namespace: str
     pid: int
 
-    def __str__(self) -> str:
-        return (
-            f"a pool already runs in namespace {self.namespace!r} (pid {self.pid}); "
-            f"stop it with `python -m pool down --namespace {self.namespace}` or "
-            f"choose another --namespace"
-        )
+    MESSAGE = (
+        "a pool already runs in namespace {namespace!r} (pid {pid}); "
+        "stop it with `python -m pool down --namespace {namespace}` or "
+        "choose another --namespace"
+    )
 
 
 class NoWorkerAvailable(Facts, PoolError, TimeoutError):

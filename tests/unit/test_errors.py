@@ -66,3 +66,34 @@ def test_an_error_pickles_as_itself(cls: type[BaseException]) -> None:
     assert str(rebuilt) == str(error)
     facts = {name: repr(value) for name, value in vars(error).items()}
     assert {name: repr(value) for name, value in vars(rebuilt).items()} == facts
+
+
+def test_an_error_whose_message_names_no_fact_is_refused_when_declared() -> None:
+    """A ``MESSAGE`` that names a field the error does not have fails where
+    the class is written, not when the error is raised (where formatting it
+    would raise ``KeyError`` in place of the error)."""
+    with pytest.raises(TypeError, match=r"^Typo\.MESSAGE names \{namspace\}, "):
+
+        class Typo(discovery.errors.Facts, discovery.errors.DiscoveryError):
+            namespace: str
+
+            MESSAGE = "namespace {namspace!r} is gone"
+
+
+def test_an_error_with_facts_and_no_message_is_refused_when_declared() -> None:
+    """An error with facts says what happened: one with neither a
+    ``MESSAGE`` nor a ``__str__`` of its own fails where it is written."""
+    with pytest.raises(TypeError, match=r"^Mute says nothing"):
+
+        class Mute(discovery.errors.Facts, discovery.errors.DiscoveryError):
+            namespace: str
+
+
+def test_an_error_message_fills_in_its_facts_as_written() -> None:
+    """The template's conversions and format specs apply to the facts."""
+    error = discovery.errors.LockTimeout("ns-1", 2.50)
+    assert str(error) == (
+        "the registry lock of namespace 'ns-1' was held for more than 2.5 s; a "
+        "process holding it may be stuck (see `fuser` on its lock file) or the "
+        "wait may need raising"
+    )

@@ -67,8 +67,7 @@ class InitializerFailed(Facts, TaskError):
     message: str
     exception: BaseException | None = None
 
-    def __str__(self) -> str:
-        return self.message
+    MESSAGE = "{message}"
 
 
 class TaskIdReused(BadTask):
@@ -88,8 +87,7 @@ class TaskTimeout(Facts, TaskError, TimeoutError):
 
     timeout_s: float
 
-    def __str__(self) -> str:
-        return f"the task ran over its {self.timeout_s:g} s"
+    MESSAGE = "the task ran over its {timeout_s:g} s"
 
 
 class RemoteError(Facts, TaskError):
@@ -101,8 +99,7 @@ class RemoteError(Facts, TaskError):
     type_name: str
     message: str
 
-    def __str__(self) -> str:
-        return f"{self.type_name}: {self.message}"
+    MESSAGE = "{type_name}: {message}"
 
 
 class RemoteTraceback(Facts, Exception):
@@ -110,8 +107,7 @@ class RemoteTraceback(Facts, Exception):
 
     tb: str
 
-    def __str__(self) -> str:
-        return f'\n"""\n{self.tb}"""'
+    MESSAGE = '\n"""\n{tb}"""'
 
 
 class DataGone(Facts, BadTask, LookupError):
@@ -124,21 +120,19 @@ class DataGone(Facts, BadTask, LookupError):
     segment: str
     why: str
 
-    def __str__(self) -> str:
-        return (
-            f"shared memory segment {self.segment!r} {self.why}: its client "
-            f"released it (a put() reference released or no longer held, or "
-            f"the client closed) or died; keep the reference (or the client) "
-            f"until the task is done"
-        )
+    MESSAGE = (
+        "shared memory segment {segment!r} {why}: its client "
+        "released it (a put() reference released or no longer held, or "
+        "the client closed) or died; keep the reference (or the client) "
+        "until the task is done"
+    )
 
 
 class TransferLost(DataGone):
     """A payload between machines did not come whole (its holder went, or it
     waited too long): ``segment`` says which payload, ``why`` what happened."""
 
-    def __str__(self) -> str:
-        return f"{self.segment}: {self.why}"
+    MESSAGE = "{segment}: {why}"
 
 
 class SharedMemoryFull(Facts, TaskError, MemoryError):
