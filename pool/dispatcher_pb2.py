@@ -26,23 +26,27 @@ from discovery import worker_info_pb2 as discovery_dot_worker__info__pb2
 from workers.protocol import worker_pb2 as workers_dot_protocol_dot_worker__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x15pool/dispatcher.proto\x12\x15shmpool.dispatcher.v1\x1a\x1b\x64iscovery/worker_info.proto\x1a\x1dworkers/protocol/worker.proto\"A\n\nSubmission\x12%\n\x04task\x18\x01 \x01(\x0b\x32\x17.shmpool.worker.v1.Task\x12\x0c\n\x04tags\x18\x02 \x03(\t\"Y\n\x0fSubmissionBatch\x12\x36\n\x0bsubmissions\x18\x01 \x03(\x0b\x32!.shmpool.dispatcher.v1.Submission\x12\x0e\n\x06\x63\x61ncel\x18\x02 \x03(\x04\"\x14\n\x12ListWorkersRequest\"n\n\x0bWorkerState\x12.\n\x04info\x18\x01 \x01(\x0b\x32 .shmpool.discovery.v1.WorkerInfo\x12\x11\n\tin_flight\x18\x02 \x01(\r\x12\x0c\n\x04\x64one\x18\x03 \x01(\x04\x12\x0e\n\x06others\x18\x04 \x01(\r\"h\n\x10ListWorkersReply\x12\x33\n\x07workers\x18\x01 \x03(\x0b\x32\".shmpool.dispatcher.v1.WorkerState\x12\x0e\n\x06queued\x18\x02 \x01(\r\x12\x0f\n\x07\x63lients\x18\x03 \x01(\r2\xcb\x01\n\nDispatcher\x12Z\n\x0cSubmitStream\x12&.shmpool.dispatcher.v1.SubmissionBatch\x1a\x1e.shmpool.worker.v1.ResultBatch(\x01\x30\x01\x12\x61\n\x0bListWorkers\x12).shmpool.dispatcher.v1.ListWorkersRequest\x1a\'.shmpool.dispatcher.v1.ListWorkersReplyb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x15pool/dispatcher.proto\x12\x15shmpool.dispatcher.v1\x1a\x1b\x64iscovery/worker_info.proto\x1a\x1dworkers/protocol/worker.proto\"A\n\nSubmission\x12%\n\x04task\x18\x01 \x01(\x0b\x32\x17.shmpool.worker.v1.Task\x12\x0c\n\x04tags\x18\x02 \x03(\t\"x\n\x0fSubmissionBatch\x12\x36\n\x0bsubmissions\x18\x01 \x03(\x0b\x32!.shmpool.dispatcher.v1.Submission\x12\x0e\n\x06\x63\x61ncel\x18\x02 \x03(\x04\x12\x0c\n\x04stop\x18\x03 \x03(\x04\x12\x0f\n\x07\x61\x62\x61ndon\x18\x04 \x03(\x04\"\x14\n\x12ListWorkersRequest\"n\n\x0bWorkerState\x12.\n\x04info\x18\x01 \x01(\x0b\x32 .shmpool.discovery.v1.WorkerInfo\x12\x11\n\tin_flight\x18\x02 \x01(\r\x12\x0c\n\x04\x64one\x18\x03 \x01(\x04\x12\x0e\n\x06others\x18\x04 \x01(\r\"\xfc\x01\n\x10ListWorkersReply\x12\x33\n\x07workers\x18\x01 \x03(\x0b\x32\".shmpool.dispatcher.v1.WorkerState\x12\x0e\n\x06queued\x18\x02 \x01(\r\x12\x0f\n\x07\x63lients\x18\x03 \x01(\r\x12Y\n\x12queued_by_priority\x18\x04 \x03(\x0b\x32=.shmpool.dispatcher.v1.ListWorkersReply.QueuedByPriorityEntry\x1a\x37\n\x15QueuedByPriorityEntry\x12\x0b\n\x03key\x18\x01 \x01(\x11\x12\r\n\x05value\x18\x02 \x01(\r:\x02\x38\x01\x32\xcb\x01\n\nDispatcher\x12Z\n\x0cSubmitStream\x12&.shmpool.dispatcher.v1.SubmissionBatch\x1a\x1e.shmpool.worker.v1.ResultBatch(\x01\x30\x01\x12\x61\n\x0bListWorkers\x12).shmpool.dispatcher.v1.ListWorkersRequest\x1a\'.shmpool.dispatcher.v1.ListWorkersReplyb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'pool.dispatcher_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
+  _globals['_LISTWORKERSREPLY_QUEUEDBYPRIORITYENTRY']._loaded_options = None
+  _globals['_LISTWORKERSREPLY_QUEUEDBYPRIORITYENTRY']._serialized_options = b'8\001'
   _globals['_SUBMISSION']._serialized_start=108
   _globals['_SUBMISSION']._serialized_end=173
   _globals['_SUBMISSIONBATCH']._serialized_start=175
-  _globals['_SUBMISSIONBATCH']._serialized_end=264
-  _globals['_LISTWORKERSREQUEST']._serialized_start=266
-  _globals['_LISTWORKERSREQUEST']._serialized_end=286
-  _globals['_WORKERSTATE']._serialized_start=288
-  _globals['_WORKERSTATE']._serialized_end=398
-  _globals['_LISTWORKERSREPLY']._serialized_start=400
-  _globals['_LISTWORKERSREPLY']._serialized_end=504
-  _globals['_DISPATCHER']._serialized_start=507
-  _globals['_DISPATCHER']._serialized_end=710
+  _globals['_SUBMISSIONBATCH']._serialized_end=295
+  _globals['_LISTWORKERSREQUEST']._serialized_start=297
+  _globals['_LISTWORKERSREQUEST']._serialized_end=317
+  _globals['_WORKERSTATE']._serialized_start=319
+  _globals['_WORKERSTATE']._serialized_end=429
+  _globals['_LISTWORKERSREPLY']._serialized_start=432
+  _globals['_LISTWORKERSREPLY']._serialized_end=684
+  _globals['_LISTWORKERSREPLY_QUEUEDBYPRIORITYENTRY']._serialized_start=629
+  _globals['_LISTWORKERSREPLY_QUEUEDBYPRIORITYENTRY']._serialized_end=684
+  _globals['_DISPATCHER']._serialized_start=687
+  _globals['_DISPATCHER']._serialized_end=890
 # @@protoc_insertion_point(module_scope)

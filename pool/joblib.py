@@ -15,8 +15,10 @@ reaches the pool's workers.
   goes through shared memory, written once however many batches name it
   (:mod:`pool.client.copies`).
 - An exception in a call cancels every batch no worker has started
-  (:meth:`ShmPoolBackend.abort_everything`); the one raised carries the
-  worker's traceback as its cause. A batch whose worker dies runs again
+  (:meth:`ShmPoolBackend.abort_everything`), and once that returns, no
+  batch starts: each cancel waits for the pool's word, and a batch joblib
+  hands over while it aborts is cancelled here; the one raised carries
+  the worker's traceback as its cause. A batch whose worker dies runs again
   elsewhere, as any task does.
 - A ``Parallel`` inside a task runs sequentially in that worker, unless it
   names a backend of its own.
@@ -61,6 +63,9 @@ class Batches:
     def __init__(self, client: Client, limit: int) -> None:
         self._client, self._limit = client, limit
         self._lock = threading.Lock()
+        self._sent_all = threading.Condition(self._lock)  # no send under way
+        self._sending = 0
+        self._aborted = False  # cancel() was called: send nothing more
         self._in_pool = 0
         self._waiting: deque[tuple[Callable[[], Any], concurrent.futures.Future[Any]]]
         self._waiting = deque()
@@ -76,21 +81,40 @@ class Batches:
         if callback is not None:
             mine.add_done_callback(callback)
         with self._lock:
-            if self._in_pool >= self._limit:
+            if self._aborted:
+                aborted = True
+            elif self._in_pool >= self._limit:
                 self._waiting.append((batch, mine))
                 return mine
-            self._in_pool += 1
-        self._send(batch, mine)
+            else:
+                aborted, self._in_pool = False, self._in_pool + 1
+        if aborted:
+            _cancel(mine)
+        else:
+            self._send(batch, mine)
         return mine
 
     def _send(
         self, batch: Callable[[], Any], mine: concurrent.futures.Future[Any]
     ) -> None:
+        with self._lock:
+            if self._aborted:
+                self._in_pool -= 1
+                aborted = True
+            else:
+                aborted, self._sending = False, self._sending + 1
+        if aborted:
+            _cancel(mine)
+            return
         try:  # (the batch travels as an argument: its arrays by shared memory)
             sent = self._client.submit(operator.call, batch)
         except BaseException as exc:
             self._settle(mine, None, exc)
             return
+        finally:
+            with self._lock:
+                self._sending -= 1
+                self._sent_all.notify_all()
         with self._lock:
             self._sent[sent] = mine
         sent.add_done_callback(self._relayed)
@@ -127,18 +151,27 @@ class Batches:
                 mine.set_result(sent.result())
 
     def cancel(self) -> None:
-        """Cancel every batch no worker has started (running ones go on)."""
+        """Cancel every batch no worker has started (running ones go on),
+        and whatever is handed over from now on: once this returns, no
+        batch of this call starts."""
         with self._lock:
+            self._aborted = True
             waiting, self._waiting = list(self._waiting), deque()
+            self._sent_all.wait_for(lambda: not self._sending)
             sent = list(self._sent)
         for _, mine in waiting:
             _cancel(mine)
-        for future in sent:
-            future.cancel()
+        self._client.cancel(sent)
 
     def close(self) -> None:
         """Let the relay thread end once its callbacks have run."""
         self._relay.shutdown(wait=False)
+
+    def renewed(self) -> Batches:
+        """These batches' successor, for the next call of a ``Parallel``
+        that goes on after an abort (these are closed)."""
+        self.close()
+        return Batches(self._client, self._limit)
 
 
 def _cancel(future: concurrent.futures.Future[Any]) -> None:
@@ -222,10 +255,13 @@ class ShmPoolBackend(AutoBatchingMixin, ParallelBackendBase):  # type: ignore[mi
         return out.result()
 
     def abort_everything(self, ensure_ready: bool = True) -> None:
-        """Cancel the call's batches no worker has started; the pool stays."""
+        """Cancel the call's batches no worker has started; the pool stays
+        (and with ``ensure_ready``, this backend, for the next call)."""
         if self._batches is not None:
             self._batches.cancel()
-            if not ensure_ready:
+            if ensure_ready:
+                self._batches = self._batches.renewed()
+            else:
                 self.terminate()
 
     def terminate(self) -> None:

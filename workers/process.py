@@ -11,10 +11,14 @@ no thread free the status is ``"stuck"``.
 
 Then it drains: ``worker-updated`` with ``status="draining"``, refuses new
 tasks, finishes what it has within ``--grace-s``, publishes
-``worker-dropped`` and exits 0. A change of status or capacity is published
-at once; counters (tasks running, held unstarted, stuck, done, failed,
-and how long the last one ran) travel in ``WorkerInfo.extra``, at most
-once a second. Its
+``worker-dropped`` and exits 0. A worker that *ends* to stop a task (a
+time limit, a stop: :meth:`~workers.service.WorkerService.end`) does the
+same without waiting for anything, and exits with
+:data:`~workers.service.ENDED_EXIT` at once, whatever its threads run.
+
+A change of status or capacity is published at once; counters (tasks
+running, held unstarted, stuck, done, failed, and how long the last one
+ran) travel in ``WorkerInfo.extra``, at most once a second. Its
 background work (the reporter, each stream's tasks) runs in task groups:
 an error in any ends the process with the error logged and exit status 1,
 and its supervisor starts another.
@@ -40,6 +44,7 @@ from grpc_health.v1 import health, health_pb2_grpc
 import discovery
 from discovery import DiscoveryError, Status, WorkerInfo, backends, paths
 from workers import imports, initializer
+from workers.alarm import Alarm
 from workers.common import channels, serving
 from workers.common.spec import parse
 from workers.limits import (
@@ -51,7 +56,7 @@ from workers.limits import (
 )
 from workers.protocol import auth, transfer, worker_pb2_grpc
 from workers.protocol.owners import DataOwner
-from workers.service import WorkerService
+from workers.service import ENDED_EXIT, WorkerService
 from workers.settings import WorkerSettings
 
 log = logging.getLogger("workers")
@@ -85,7 +90,7 @@ def run(config: WorkerSettings) -> int:
             initializer.report(config.ready_fd, failure)
         return 1
     try:
-        uvloop.run(serve(config))
+        ended = uvloop.run(serve(config))
     except (
         DiscoveryError,
         auth.MissingToken,
@@ -98,14 +103,19 @@ def run(config: WorkerSettings) -> int:
     except Exception:  # a background task died: say why, and let it be replaced
         log.exception("stopped by an unexpected error")
         return 1
+    if ended is not None:  # (a thread runs a call nothing stops: no join)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(ENDED_EXIT)
     return 0
 
 
-async def serve(config: WorkerSettings) -> None:
-    """Serve until told to stop, then drain; see the module docstring."""
+async def serve(config: WorkerSettings) -> str | None:
+    """Serve until told to stop, then drain; see the module docstring. Why
+    it ended to stop a task, if it did."""
     stopper = serving.Stopper(config.parent_fd)
     try:
-        await _serve(config, stopper)
+        return await _serve(config, stopper)
     finally:
         stopper.close()
 
@@ -122,7 +132,7 @@ def _server(
     return server, health_service
 
 
-async def _serve(config: WorkerSettings, stopper: serving.Stopper) -> None:
+async def _serve(config: WorkerSettings, stopper: serving.Stopper) -> str | None:
     token = auth.token_for(config.namespace, config.token_file)
     uid = uuid.uuid4()
     changed = asyncio.Event()
@@ -135,6 +145,7 @@ async def _serve(config: WorkerSettings, stopper: serving.Stopper) -> None:
         max_args_bytes=config.max_args_bytes,
         limits=Limits(config.max_tasks_per_child, max_memory),
         writer=writer,
+        alarm=Alarm(),
     )
     server, health_service = _server(token, service)
     address, socket_path = serving.bind(
@@ -160,6 +171,7 @@ async def _serve(config: WorkerSettings, stopper: serving.Stopper) -> None:
         writer.close()
         if socket_path is not None:
             socket_path.unlink(missing_ok=True)
+    return service.ending
 
 
 def _info(
@@ -201,10 +213,11 @@ async def _registered(
         service.draining = True
         await health_service.enter_graceful_shutdown()
         await publisher.publish("worker-updated", reporter.current())
-        await _drain(service, config.grace_s)
-        # (Values held for clients of other machines: fetched through the
-        # dispatcher, which finds this worker until it is dropped.)
-        await transfer.HELD.wait_fetched(config.grace_s)
+        if service.ending is None:  # (else: what runs dies with the process)
+            await _drain(service, config.grace_s)
+            # (Values held for clients of other machines: fetched through
+            # the dispatcher, which finds this worker until it is dropped.)
+            await transfer.HELD.wait_fetched(config.grace_s)
         service.end_streams()
 
 

@@ -60,8 +60,10 @@ class Phase(enum.Enum):
       ANSWERED  <──unstick── STUCK    ANSWERED
 
     A plain task's slot thread takes and runs it (under the claim lock); a
-    coroutine task is never taken, and goes from HELD to ANSWERED. STUCK:
-    answered (timed out, its stream gone) while its thread still runs it.
+    coroutine task is never taken, and goes from HELD to ANSWERED (once
+    launched, its ``job`` set, it is no longer withdrawn). STUCK: answered
+    (timed out, stopped, its stream gone) while its thread still runs it:
+    the worker ends for the first two (see :mod:`workers.service`).
     """
 
     HELD = "held"  # not started by a thread: it may be withdrawn
@@ -121,10 +123,13 @@ class Entry:
             self.phase = Phase.RAN
 
     def settle(self, *, withdraw: bool = False) -> bool:
-        """Answer it now, once; with ``withdraw``, only while no thread has
-        taken it. Whether it is answered now: False if it was already, or a
-        thread has it and ``withdraw`` was asked."""
-        if self.phase in ANSWERED or (withdraw and self.phase is not Phase.HELD):
+        """Answer it now, once; with ``withdraw``, only while it has not
+        started (no thread has taken it; a coroutine not launched). Whether
+        it is answered now: False if it was already, or it started and
+        ``withdraw`` was asked."""
+        if self.phase in ANSWERED:
+            return False
+        if withdraw and (self.phase is not Phase.HELD or self.job is not None):
             return False
         running = self.phase is Phase.RUNNING
         self.phase = Phase.STUCK if running else Phase.ANSWERED

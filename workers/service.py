@@ -7,28 +7,26 @@ A task's life here::
     read ──> held (its callable found) ──> started by a slot thread ──> run
          ──> answered (exactly once: result, failure, withdrawal, timeout)
 
-A plain task is *held* until a slot thread is free for it, in the order
-tasks came: the dispatcher sends only what hides one round trip ahead of
-the slots. A held task is still the dispatcher's: a cancel withdraws it
-(answered CANCELLED), which is also how a task moves to a free worker. A
-slot thread *starts* it, deciding under one lock against a withdrawal;
-from then on a cancel leaves it to run. Starts go back batched with
-results, and the client's future turns RUNNING then. A coroutine function
-starts at once, on the loop, and stays cancellable while it runs.
+A plain task is *held* until a slot thread is free for it (the highest
+priority first, then in the order tasks came): the dispatcher sends only
+what hides one round trip ahead of the slots. A held task is still the
+dispatcher's, which may withdraw it (to cancel it, or to move it to a free
+worker). A slot thread *starts* it, deciding under one lock against a
+withdrawal. Starts go back batched with results, and the client's future
+turns RUNNING then. A coroutine function starts at once, on the loop. How
+tasks end early (cancels, time limits, stops) and how the worker retires
+or ends is :mod:`workers.ending`.
 
 Each stream owns an :class:`asyncio.TaskGroup`: its reader, its coroutine
 tasks and the imports it waits for; a hang-up cancels it. Plain functions
-go to ``concurrency`` slot threads (:mod:`workers.slots`). A thread cannot
-be interrupted: a plain task timed out while running is answered at once,
-but its thread counts as *stuck* until the call returns, and the advertised
-capacity shrinks; with every thread stuck the status is ``"stuck"``, the
-held tasks are handed back (UNAVAILABLE: sent elsewhere) and the supervisor
-replaces the worker.
-A worker past its limits (:mod:`workers.limits`) retires: it hands back
-what it holds, finishes what runs, and :attr:`WorkerService.retiring` ends
-its process. Imports, shipped functions' unpickling and large coroutine
-arguments run in daemon threads, never on the loop. A task that cannot be
-run as sent is answered alone with its precise status
+go to ``concurrency`` slot threads (:mod:`workers.slots`). A plain task
+answered while its thread runs on (its dispatcher hung up) counts as
+*stuck* until the call returns, and the advertised capacity shrinks; with
+every thread stuck the status is ``"stuck"``, the held tasks are handed
+back (UNAVAILABLE: sent elsewhere) and the supervisor replaces the worker
+after its grace. Imports, shipped functions' unpickling and large
+coroutine arguments run in daemon threads, never on the loop. A task that
+cannot be run as sent is answered alone with its precise status
 (``proto/workers/protocol/worker.proto``); its stream goes on.
 
 Several dispatchers may each hold a stream (a pool with a dispatcher on
@@ -51,18 +49,21 @@ from grpc import aio
 
 from workers import imports
 from workers import running as tasks
+from workers.alarm import Alarm
 from workers.common.offload import Offload
+from workers.ending import ENDED_EXIT, EndingEarly
 from workers.limits import Limits
 from workers.protocol import codec, worker_pb2_grpc
-from workers.protocol.errors import BadTask, TaskTimeout
+from workers.protocol.errors import BadTask
 from workers.protocol.owners import DataOwner
+from workers.protocol.stream import WITHDRAWS
 from workers.protocol.worker_pb2 import Result, ResultBatch, Task, TaskBatch
+from workers.retrying import retrying
 from workers.running import Entry, PaceMeter, Phase, Stream, failed, timed
 from workers.slots import SlotThreads
 
-_ALL_STUCK: Final = (
-    "every task thread is held by a task that timed out or was cancelled"
-)
+_ALL_STUCK: Final = "every task thread is held by a task whose dispatcher hung up on it"
+__all__ = ["ENDED_EXIT", "WorkerService"]
 
 
 def _check(concurrency: int, max_args_bytes: int) -> None:
@@ -77,7 +78,7 @@ Requests = AsyncIterator[TaskBatch]
 Context = aio.ServicerContext[TaskBatch, ResultBatch]
 
 
-class WorkerService(worker_pb2_grpc.WorkerServicer):
+class WorkerService(EndingEarly, worker_pb2_grpc.WorkerServicer):
     """Runs tasks, at most ``concurrency`` plain ones at once (create it on
     the loop that serves it).
 
@@ -87,6 +88,8 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
     :param limits: when it retires (:mod:`workers.limits`, :attr:`retiring`).
     :param writer: it writes large values into its clients' shared memory
         (None: into the message).
+    :param alarm: the process's backstop for time limits (:mod:`workers.alarm`;
+        a worker process's own: not in a test's process).
     """
 
     def __init__(
@@ -97,18 +100,38 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
         max_args_bytes: int = codec.MAX_ARGS_BYTES,
         limits: Limits | None = None,
         writer: DataOwner | None = None,
+        alarm: Alarm | None = None,
     ) -> None:
         _check(concurrency, max_args_bytes)
+        self._alarm = alarm
         self.concurrency, self._max_args_bytes = concurrency, max_args_bytes
         self._writer, self.limits = writer, limits or Limits()
-        self.retiring = asyncio.Event()
+        self.retiring = asyncio.Event()  # (set too when it ends)
+        self.ending: str | None = None  # why it ends now (see end)
         self._loop = asyncio.get_running_loop()
         self._on_change = on_change
         self._offload = Offload("offload")  # imports, large arguments
+        self._slots = self._slot_threads(concurrency, max_args_bytes, writer)
+        self._claim = self._slots.claim  # (the loop decides against the threads)
+        self._streams: set[Stream] = set()
+        self._sharing = False  # a second stream came: tell each the others'
+        self._idle = asyncio.Event()
+        self._idle.set()  # (nothing runs yet)
+        self.draining = self._streams_ended = False  # (end_streams was called)
+        self.unanswered = 0  # tasks taken and not answered
+        self.active = 0  # of those, the ones started (reported so)
+        self.stuck = 0  # slot threads still running a task already answered
+        self.stuck_changed = asyncio.Event()  # (capacity follows: published)
+        self.done = self.failed = 0
+        self.pace = PaceMeter()  # how long plain tasks run
+
+    def _slot_threads(
+        self, concurrency: int, max_args_bytes: int, writer: DataOwner | None
+    ) -> SlotThreads:
         run = functools.partial(
             tasks.run_plain, max_args_bytes=max_args_bytes, writer=writer
         )
-        self._slots = SlotThreads(
+        return SlotThreads(
             concurrency,
             self._loop,
             self.limits,
@@ -116,19 +139,8 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
             run=run,
             refuse=self._refuse_held,
             retire=self.retire,
+            alarm=self._alarm,
         )
-        self._claim = self._slots.claim  # (the loop decides against the threads)
-        self._streams: set[Stream] = set()
-        self._sharing = False  # a second stream came: tell each the others'
-        self._idle = asyncio.Event()
-        self._idle.set()  # (nothing runs yet)
-        self.draining = self._ending = False  # (_ending: end_streams was called)
-        self.unanswered = 0  # tasks taken and not answered
-        self.active = 0  # of those, the ones started (reported so)
-        self.stuck = 0  # slot threads still running a task already answered
-        self.stuck_changed = asyncio.Event()  # (capacity follows: published)
-        self.done = self.failed = 0
-        self.pace = PaceMeter()  # how long plain tasks run
 
     @property
     def free_threads(self) -> int:
@@ -142,7 +154,7 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
     def end_streams(self) -> None:
         """End every Run stream cleanly (once drained), and any opened from
         now on at once, so that stopping the server cancels nothing."""
-        self._ending = True
+        self._streams_ended = True
         for stream in self._streams:
             stream.outbox.close()
 
@@ -157,7 +169,9 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
         self._streams.add(stream)
         self._sharing = self._sharing or len(self._streams) > 1
         stream.outbox.others(self.unanswered)  # (another dispatcher's, if any)
-        if self._ending:  # (a dispatcher reconnecting to a worker on its way out)
+        if (
+            self._streams_ended
+        ):  # (a dispatcher reconnecting to a worker on its way out)
             stream.outbox.close()
 
         async def write(batch: ResultBatch) -> None:
@@ -180,9 +194,10 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
         async for batch in requests:
             for task in batch.tasks:
                 self._accept(stream, task)
-            for task_id in batch.cancel:  # after the tasks: a batch may hold both
-                if (entry := stream.entries.get(task_id)) is not None:
-                    self._cancel(entry)
+            for kind in WITHDRAWS:  # after the tasks: a batch may hold both
+                for task_id in getattr(batch, kind):
+                    if (entry := stream.entries.get(task_id)) is not None:
+                        self._cancel(entry, kind)
             await stream.wait_for_room()
         stream.end_of_input()  # the dispatcher closed its side: finish, then end
 
@@ -255,6 +270,7 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
     def _launch(self, entry: Entry, fn: Callable[..., Any]) -> None:
         """Start a coroutine task; hand a plain one to the slot threads."""
         task = entry.task
+        fn = retrying(fn, task)
         if task.chunk:
             fn = functools.partial(codec.run_chunk, fn)
         coroutine = not task.chunk and inspect.iscoroutinefunction(fn)
@@ -303,9 +319,12 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
         self._on_change()
 
     def _time_limit(self, entry: Entry) -> None:
-        """A started task's time limit runs from now."""
+        """A started task's time limit runs from now (a coroutine's under
+        the alarm too, which a plain task's slot thread holds itself)."""
         if (limit := entry.task.timeout_s) > 0:
             entry.timer = self._loop.call_later(limit, self._time_out, entry)
+            if entry.kind == "coroutine" and self._alarm is not None:
+                self._alarm.hold(id(entry), limit)
 
     def _plain_done(self, entry: Entry, result: Result, elapsed: float) -> None:
         self.pace.note(elapsed)
@@ -316,48 +335,6 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
             self._on_change()
         else:
             self._answer(entry, result)
-
-    # -- ending early ----------------------------------------------------------
-
-    def _cancel(self, entry: Entry) -> None:
-        """Withdraw a held task; cancel a running coroutine; a started plain
-        task runs on (its start was, or is being, reported)."""
-        cancelled = failed(entry.task.id, codec.cancelled())
-        if entry.kind == "coroutine" and entry.job is not None:
-            entry.job.cancel()
-            self._answer(entry, cancelled)
-        else:
-            self._answer(entry, cancelled, withdraw=True)
-
-    def _time_out(self, entry: Entry) -> None:
-        if entry.job is not None:
-            entry.job.cancel()
-        timeout = TaskTimeout(entry.task.timeout_s)
-        self._answer(entry, failed(entry.task.id, codec.failure_of(timeout)))
-
-    def retire(self) -> None:
-        """Take no more tasks (:mod:`workers.limits` says why), and hand back
-        those held; :attr:`retiring` tells the process to drain and exit."""
-        if not self.retiring.is_set():
-            self.draining = True
-            self._hand_back(self.limits.why or "it is retiring", coroutines=True)
-            self.retiring.set()
-            self._on_change()
-
-    def _refuse_held(self, entry: Entry) -> None:
-        """Hand back a task that may not start here (the worker retires)."""
-        failure = codec.rejected(self.limits.why or "it is retiring")
-        self._answer(entry, failed(entry.task.id, failure), withdraw=True)
-
-    def _hand_back(self, reason: str, *, coroutines: bool = False) -> None:
-        """Answer every held task UNAVAILABLE (the dispatcher sends it to
-        another worker, counting no attempt): those waiting for a thread, and
-        with ``coroutines`` those waiting for their callable too."""
-        for stream in self._streams:
-            for entry in list(stream.entries.values()):
-                if not entry.started and (coroutines or entry.kind != "coroutine"):
-                    failure = codec.rejected(reason)
-                    self._answer(entry, failed(entry.task.id, failure), withdraw=True)
 
     def _answer(
         self, entry: Entry, result: Result | None, *, withdraw: bool = False
@@ -372,6 +349,8 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
             return
         if entry.timer is not None:
             entry.timer.cancel()
+            if entry.kind == "coroutine" and self._alarm is not None:
+                self._alarm.release(id(entry))
         self.unanswered -= 1
         self.active -= entry.started
         if result is not None:

@@ -1,7 +1,8 @@
 """Where a worker's plain tasks start and run: :class:`SlotThreads`.
 
 ``concurrency`` daemon threads take the plain tasks the service puts in,
-in the order they came. A thread *starts* a task under the claim lock
+the highest priority first (``Task.priority``), in the order they came
+within one. A thread *starts* a task under the claim lock
 (:attr:`SlotThreads.claim`), which the loop also holds to decide a
 withdrawal, so a task is either withdrawn or started, never both; then it
 runs the call outside the lock. What the threads start and finish they
@@ -15,11 +16,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import heapq
+import itertools
 import queue
 import threading
 import time
 from collections.abc import Callable
 
+from workers.alarm import Alarm
 from workers.limits import Limits
 from workers.protocol.worker_pb2 import Result
 from workers.running import Entry, timed
@@ -63,6 +67,8 @@ class SlotThreads:
     :param refuse: called on the loop with a task that may not start here
         (``limits`` says the worker retires).
     :param retire: called on the loop once a start reached ``limits``.
+    :param alarm: the process's backstop for time limits, held while a task
+        with one runs (:mod:`workers.alarm`); None in a test's process.
     """
 
     def __init__(
@@ -75,12 +81,18 @@ class SlotThreads:
         run: Callable[[Entry], Result],
         refuse: Callable[[Entry], None],
         retire: Callable[[], None],
+        alarm: Alarm | None = None,
     ) -> None:
         self.claim = threading.Lock()  # a thread starting a task vs. the loop
         self.news = News(loop, take_news)  # (under the claim lock)
         self._loop, self._limits = loop, limits
         self._run, self._refuse, self._retire = run, refuse, retire
-        self._queue: queue.SimpleQueue[Entry | None] = queue.SimpleQueue()
+        self._alarm = alarm
+        # What waits for a thread, best first (under the claim lock), and
+        # one token per entry put (None: a thread is to end).
+        self._waiting: list[tuple[int, int, Entry]] = []
+        self._order = itertools.count()
+        self._queue: queue.SimpleQueue[bool | None] = queue.SimpleQueue()
         self._threads = [
             threading.Thread(target=self._slot, args=(i,), name=f"task-{i}")
             for i in range(concurrency)
@@ -90,18 +102,36 @@ class SlotThreads:
             thread.start()
 
     def put(self, entry: Entry) -> None:
-        """Start ``entry`` once a thread is free, after those put before."""
-        self._queue.put(entry)
+        """Start ``entry`` once a thread is free, after those put before of
+        its priority or higher."""
+        with self.claim:
+            order = (-entry.task.priority, next(self._order), entry)
+            heapq.heappush(self._waiting, order)
+        self._queue.put(True)
 
     def close(self) -> None:
         """Let each thread end once its current task returns."""
         for _ in self._threads:
             self._queue.put(None)
 
+    def _timed_run(self, entry: Entry) -> tuple[Result, float]:
+        """Run a started task: its answer, and how long it ran (under the
+        alarm, if it has a time limit)."""
+        limit, alarm = entry.task.timeout_s, self._alarm
+        if limit > 0 and alarm is not None:
+            alarm.hold(id(entry), limit)
+        started = time.perf_counter()
+        try:
+            return self._run(entry), time.perf_counter() - started
+        finally:
+            if limit > 0 and alarm is not None:
+                alarm.release(id(entry))
+
     def _slot(self, index: int) -> None:
         """A slot thread: start and run plain tasks one after another."""
-        while (entry := self._queue.get()) is not None:
+        while self._queue.get() is not None:
             with self.claim:
+                entry = heapq.heappop(self._waiting)[2]
                 if entry.answered:
                     continue  # withdrawn, handed back, or its stream ended
                 if not self._limits.take_start():  # retiring: not here
@@ -114,9 +144,7 @@ class SlotThreads:
                 self.news.call()
             if self._limits.why is not None:  # (its last start: after its news)
                 self._loop.call_soon_threadsafe(self._retire)
-            started = time.perf_counter()
-            result = self._run(entry)
-            elapsed = time.perf_counter() - started
+            result, elapsed = self._timed_run(entry)
             with self.claim:
                 entry.ran()
                 self.news.ended.append((entry, timed(result, index, elapsed), elapsed))

@@ -110,7 +110,8 @@ def run_workers(args: argparse.Namespace) -> int:
         rows.append(fields)
     if sys.stdout.isatty():
         title = f"{_count(len(infos), 'worker')} in {args.namespace!r}" + "".join(
-            f", {v.queued} queued at {t.address} ({_count(v.clients, 'client')})"
+            f", {v.queued} queued{_by_priority(v, ' (%s)')} at {t.address} "
+            f"({_count(v.clients, 'client')})"
             for t, v in views
         )
         _print_workers(title, columns, rows)
@@ -119,8 +120,19 @@ def run_workers(args: argparse.Namespace) -> int:
         print(line("worker", {c: fields[c] for c in columns}))
     for target, view in views:
         about = {"address": target.address, "queued": view.queued}
+        if by := _by_priority(view, "%s"):
+            about["by_priority"] = by.replace(" ", "")
         print(line("dispatcher", about | {"clients": view.clients}))
     return 0
+
+
+def _by_priority(view: DispatcherView, form: str) -> str:
+    """What waits by priority (``10: 3, 0: 20``), highest first, in
+    ``form``; empty while every task waiting has priority 0."""
+    waiting = sorted(view.queued_by_priority.items(), reverse=True)
+    if not any(priority for priority, _ in waiting):
+        return ""
+    return form % ", ".join(f"{priority}: {n}" for priority, n in waiting)
 
 
 class DispatcherView(NamedTuple):
@@ -132,6 +144,7 @@ class DispatcherView(NamedTuple):
     queued: int
     clients: int
     others: dict[str, int]
+    queued_by_priority: dict[int, int]
 
 
 def dispatcher_view(locator: Locator) -> DispatcherView | None:
@@ -165,7 +178,8 @@ def ask_dispatcher(locator: Locator, target: Target) -> DispatcherView | None:
             return None
     in_flight = {str(uuid.UUID(bytes=s.info.uid)): s.in_flight for s in reply.workers}
     others = {str(uuid.UUID(bytes=s.info.uid)): s.others for s in reply.workers}
-    return DispatcherView(in_flight, reply.queued, reply.clients, others)
+    by_priority = dict(reply.queued_by_priority)
+    return DispatcherView(in_flight, reply.queued, reply.clients, others, by_priority)
 
 
 def run_watch(args: argparse.Namespace) -> int:

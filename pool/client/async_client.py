@@ -5,21 +5,35 @@ The same submissions, connection and map plan as
 :mod:`pool.client.mapping`), with asyncio futures instead of
 ``concurrent.futures`` ones. A task is run *at least once* (see
 :mod:`pool.client.executor`).
+
+Cancelling the asyncio task that awaits a call (``task.cancel()``, a
+timeout, a task group's end) ends that task at once, as asyncio's own
+``to_thread`` does, and *abandons* the call: withdrawn if it has not
+started, cancelled in its worker if it is a running coroutine; a running
+plain function runs on, its result dropped. :meth:`AsyncClient.cancel`
+says which: it returns the pool's word for each task, True only if its
+call will never run (the task then ends cancelled; on False it goes on to
+the call's result), and with ``force=True`` stops running calls too.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import copy
+import weakref
 from collections.abc import AsyncIterator, Callable, Iterable
 from typing import Any, Self, Unpack
 
+from pool.client.cancels import CANCEL_WAIT_S, NO_ASKS, Ask
 from pool.client.connection import Connection
 from pool.client.core import ClientOptions, dropped, open_options, outcome
 from pool.client.mapping import PROBE_WAIT_S, Args, InMap, MapPlan
+from pool.client.options import CallOptionsGiven
 from pool.client.refs import ObjectRef
 from pool.client.store import NO_STORE, Hold, Store
 from workers.protocol import codec, shipping
+from workers.protocol.stream import Withdraw
 from workers.protocol.worker_pb2 import Result
 
 
@@ -30,8 +44,8 @@ class AsyncClient:
     group of that task.
 
     :param namespace: the pool's namespace.
-    :param tags: tags every task of this client requires of its worker.
-    :param task_timeout_s: per-task limit enforced by the worker (None: none).
+    :param tags, task_timeout_s, priority, retries, retry_on: the defaults
+        of its calls' options, as for :class:`Client` (and :meth:`options`).
     :param ship_modules, discovery_url, token_file, tls_ca: as for
         :class:`Client`.
     """
@@ -44,8 +58,33 @@ class AsyncClient:
         )
         self._connection: Connection | None = None
         self._stack = contextlib.AsyncExitStack()  # holds the connection's group
+        # The asyncio task awaiting each call (for cancel), while it awaits.
+        self._awaiting: weakref.WeakKeyDictionary[
+            asyncio.Future[Any], _AsyncHandler
+        ] = weakref.WeakKeyDictionary()
+        self._owner: AsyncClient | None = None  # (a view's: see options)
+
+    def options(self, **given: Unpack[CallOptionsGiven]) -> AsyncClient:
+        """This client with other defaults for its calls, on the same
+        connection (:meth:`Client.options`); entering and leaving it is
+        free, and closes nothing.
+
+        :raises ValueError: for a bad value (:raises TypeError: for a wrong
+            type), named.
+        """
+        view = copy.copy(self)
+        view._submissions = self._submissions.with_options(given)
+        view._owner = self._owner or self
+        return view
+
+    @property
+    def _live(self) -> Connection | None:
+        """The connection, while open (a view's is its owner's)."""
+        return (self._owner or self)._connection
 
     async def __aenter__(self) -> Self:
+        if self._owner is not None:
+            return self  # (a view: its owner holds the connection)
         connection = await Connection.open(self._locator)
         group = await self._stack.enter_async_context(asyncio.TaskGroup())
         group.create_task(connection.run())
@@ -56,7 +95,7 @@ class AsyncClient:
         """Close the stream (what is pending fails) and end its task group,
         which hears of an error unwinding: that error goes on as itself,
         unless the connection failed too (then both, in a group)."""
-        if self._connection is None:
+        if self._owner is not None or self._connection is None:
             return
         connection, self._connection = self._connection, None
         connection.close(abandon=True)
@@ -76,20 +115,21 @@ class AsyncClient:
         args: Args,
         kwargs: Any,
         in_map: InMap | None = None,
-    ) -> tuple[int, asyncio.Future[Any]]:
+    ) -> _AsyncHandler:
         connection = self._opened()
         store = connection.store
         submission, code, hold = self._submissions.make(
             ref, args, kwargs, store=store, in_map=in_map
         )
         answer: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
-        connection.submit(submission, _AsyncHandler(answer, store, hold), code)
-        return submission.task.id, answer
+        handler = _AsyncHandler(submission.task.id, answer, store, hold)
+        connection.submit(submission, handler, code)
+        return handler
 
     def _opened(self) -> Connection:
-        if self._connection is None:
+        if (connection := self._live) is None:
             raise RuntimeError("use `async with AsyncClient(...)` before submitting")
-        return self._connection
+        return connection
 
     def put(self, value: Any) -> ObjectRef:
         """:meth:`Client.put`, for asyncio code (it writes the value before
@@ -99,23 +139,66 @@ class AsyncClient:
             raise RuntimeError(NO_STORE.format(namespace=self.namespace))
         return connection.store.put(value)
 
-    async def _outcome(self, task_id: int, answer: asyncio.Future[Any]) -> Any:
+    async def _outcome(self, handler: _AsyncHandler) -> Any:
+        task = asyncio.current_task()
+        if task is not None:
+            self._awaiting[task] = handler
         try:
-            return await answer
+            return await handler.answer
         except asyncio.CancelledError:
-            if self._connection is not None:
-                self._connection.cancel(task_id)
+            if task is not None and task.cancelling():  # the caller's, not ours
+                self._withdraw(handler, "abandon")
             raise
+        finally:
+            if task is not None:
+                self._awaiting.pop(task, None)
+
+    def _withdraw(self, handler: _AsyncHandler, kind: Withdraw = "cancel") -> Ask:
+        """Ask the pool to withdraw ``handler``'s task (``kind``: see
+        :data:`~workers.protocol.stream.Withdraw`); the ask (its answer is
+        the pool's word)."""
+        ask = Ask(kind)
+        if handler.ask(ask) and (connection := self._live) is not None:
+            connection.cancel(handler.task_id, kind)
+        return ask
+
+    async def cancel(
+        self, tasks: Iterable[asyncio.Future[Any]], *, force: bool = False
+    ) -> list[bool]:
+        """Cancel the calls these asyncio tasks await (each a task running
+        :meth:`submit`), all at once, and wait for the pool's word, as
+        :meth:`Client.cancel`: True only if the call will never run (its
+        task then ends cancelled). A task whose call has started goes on to
+        its result (False), unless ``force``: then the call is stopped (a
+        plain function's worker ended and replaced) and the task ends
+        cancelled. A task that has not yet sent its call is cancelled.
+
+        :returns: for each task, in order, whether its call was cancelled.
+        """
+        self._opened()
+        asks: list[Ask | bool] = []
+        for task in tasks:
+            handler = self._awaiting.get(task)
+            if task.done():
+                asks.append(task.cancelled())
+            elif handler is None:  # (its call is not sent yet: it never is)
+                asks.append(task.cancel())
+            else:
+                asks.append(self._withdraw(handler, "stop" if force else "cancel"))
+        deadline = asyncio.get_running_loop().time() + CANCEL_WAIT_S
+        return [await _word(ask, deadline) for ask in asks]
 
     async def submit(
         self, fn: Callable[..., Any] | str, /, *args: Any, **kwargs: Any
     ) -> Any:
         """Run ``fn(*args, **kwargs)`` in the pool and return its result.
 
-        Cancelling the awaiting task cancels the task in the pool.
+        Cancelling the awaiting task withdraws the call if it has not
+        started (see :meth:`cancel` for the pool's word, and to stop a
+        running call).
         """
         ref = self._submissions.reference(fn)
-        return await self._outcome(*self._send(ref, args, kwargs))
+        return await self._outcome(self._send(ref, args, kwargs))
 
     async def map(
         self,
@@ -134,13 +217,13 @@ class AsyncClient:
         first = plan.first(self._submissions.per_call_s(ref))
         sent = [self._send(ref, a, {}, InMap(part, chunked)) for a in first]
         if plan.adaptive:
-            per_call_s = await _time_per_call_async([a for _, a in sent])
+            per_call_s = await _time_per_call_async([h.answer for h in sent])
             rest = plan.rest(per_call_s)
             sent += [self._send(ref, a, {}, InMap(part, True)) for a in rest]
         sent.reverse()
         try:
             while sent:
-                value = await self._outcome(*sent.pop())
+                value = await self._outcome(sent.pop())
                 if not chunked:
                     yield value
                 else:
@@ -148,10 +231,9 @@ class AsyncClient:
                     for item in codec.chunk_items(value):
                         yield item
         finally:
-            for task_id, answer in sent:
-                if not answer.done() and self._connection is not None:
-                    self._connection.cancel(task_id)
-                answer.cancel()  # (its answer, when it comes, is dropped)
+            for handler in sent:
+                self._withdraw(handler, "abandon")
+                handler.answer.cancel()  # (its answer, when it comes, is dropped)
 
 
 async def _time_per_call_async(answers: list[asyncio.Future[Any]]) -> float | None:
@@ -169,27 +251,69 @@ async def _time_per_call_async(answers: list[asyncio.Future[Any]]) -> float | No
     return None
 
 
+async def _word(ask: Ask | bool, deadline: float) -> bool:
+    """An ask's answer (or one known at once), given up at ``deadline``
+    (False: the call goes on)."""
+    if isinstance(ask, bool):
+        return ask
+    answer = ask.future
+    with contextlib.suppress(TimeoutError):
+        async with asyncio.timeout_at(deadline):
+            return await asyncio.shield(asyncio.wrap_future(answer))
+    if answer.cancel():  # given up, before any answer
+        return False
+    return await asyncio.wrap_future(answer)  # (claimed: its answer comes now)
+
+
 class _AsyncHandler:
     """Resolves an asyncio future with a task's value or exception (on its
-    loop), as the result arrives: a value in shared memory is mapped then."""
+    loop), as the result arrives: a value in shared memory is mapped then;
+    or cancels it once the pool withdrew the task as asked (:class:`Asks`)."""
 
-    __slots__ = ("_answer", "_hold", "_store")
+    __slots__ = ("_asks", "_hold", "_state", "_store", "answer", "task_id")
 
     def __init__(
-        self, answer: asyncio.Future[Any], store: Store | None, hold: Hold
+        self, task_id: int, answer: asyncio.Future[Any], store: Store | None, hold: Hold
     ) -> None:
-        self._answer, self._store, self._hold = answer, store, hold
+        self.task_id, self.answer = task_id, answer
+        self._store, self._hold = store, hold
+        self._asks = NO_ASKS
+        self._state = "pending"  # then "running", and "cancelled" or "done"
+
+    def ask(self, ask: Ask) -> bool:
+        """Hold ``ask`` (True: ask the pool), or answer it from the state."""
+        state = self._state
+        ended, cancelled = state in ("cancelled", "done"), state == "cancelled"
+        self._asks = self._asks.of()
+        return self._asks.hold(
+            ask, ended=ended, cancelled=cancelled, running=state == "running"
+        )
 
     def started(self) -> None:
-        pass
+        self._state = "running"
+        self._asks.started()
 
-    def resolve(self, result: Result) -> None:
+    def withdrawn(self) -> bool:
+        return self._asks.withdrawn(self._cancel)
+
+    def _cancel(self) -> None:
+        self._state = "cancelled"
         if self._store is not None:
             self._store.release(self._hold)
-        if self._answer.done():
+        self.answer.cancel()
+
+    def undecided(self) -> None:
+        self._asks.ended()
+
+    def resolve(self, result: Result) -> None:
+        self._state = "done"
+        self._asks.ended()
+        if self._store is not None:
+            self._store.release(self._hold)
+        if self.answer.done():
             dropped(result, self._store)
             return
         try:
-            self._answer.set_result(outcome(result, self._store, self._hold.key))
+            self.answer.set_result(outcome(result, self._store, self._hold.key))
         except BaseException as exc:  # the task's error, whatever it is
-            self._answer.set_exception(exc)
+            self.answer.set_exception(exc)

@@ -45,6 +45,7 @@ from pool.errors import PoolError, PoolNotRunning, PoolRefused, ProtocolMismatch
 from workers.common.offload import Offload
 from workers.protocol import auth, codec, segments, transfer
 from workers.protocol.owners import DataOwner
+from workers.protocol.stream import Cancels, Withdraw
 from workers.protocol.worker_pb2 import FetchRequest, Result, ResultBatch, Want
 from workers.protocol.worker_pb2_grpc import TransfersStub
 
@@ -118,8 +119,10 @@ class Connection:
         self.ledger.add(submission, handler, code)
         self._wake.set()
 
-    def cancel(self, task_id: int) -> None:
-        self.ledger.cancel(task_id)
+    def cancel(self, task_id: int, kind: Withdraw = "cancel") -> None:
+        """Ask to withdraw a task (:meth:`Ledger.cancel`); its handler holds
+        the ask and hears the answer."""
+        self.ledger.cancel(task_id, kind)
         self._wake.set()
 
     def close(self, *, abandon: bool = False) -> None:
@@ -346,10 +349,10 @@ class Connection:
     async def _send(
         self, call: aio.StreamStreamCall[SubmissionBatch, ResultBatch]
     ) -> None:
-        async def write(submissions: list[Submission], cancels: list[int]) -> bool:
+        async def write(submissions: list[Submission], cancels: Cancels) -> bool:
             try:
                 await call.write(
-                    SubmissionBatch(submissions=submissions, cancel=cancels)
+                    SubmissionBatch(submissions=submissions, **cancels._asdict())
                 )
             except (aio.AioRpcError, aio.UsageError, asyncio.InvalidStateError):
                 return False  # the reader sees the stream end; all goes again
@@ -358,7 +361,7 @@ class Connection:
         def finished() -> bool:
             return self._closing and not len(self.ledger)
 
-        await self.ledger.outgoing.write_all(write, finished)
+        await self.ledger.outgoing.write_all(write, finished, self.ledger.room)
         if finished():
             with contextlib.suppress(aio.AioRpcError, aio.UsageError):
                 await call.done_writing()  # the dispatcher ends the stream

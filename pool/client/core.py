@@ -8,15 +8,17 @@ connection (:mod:`pool.client.connection`) carries what is made here.
 
 from __future__ import annotations
 
+import copy
 import itertools
 import pickle
 import types
 import uuid
 from collections.abc import Callable, Iterable
-from typing import Any, Final, TypedDict
+from typing import Any, Final
 
 from discovery import backends, paths
 from pool.client.mapping import MIN_TIMED_CALLS, Args, InMap, calls_in
+from pool.client.options import CallOptions, CallOptionsGiven
 from pool.client.rendezvous import Locator
 from pool.client.store import HOLD_NOTHING, Hold, Store
 from pool.dispatcher_pb2 import Submission
@@ -77,8 +79,10 @@ def _pack(
 
 class Submissions:
     """What both clients put on a task: a fresh id, the callable (by name,
-    or by value: see :mod:`workers.protocol.shipping`), the pickled call, and the
-    client's tags and time limit.
+    or by value: see :mod:`workers.protocol.shipping`), the pickled call, and
+    its :class:`~pool.client.options.CallOptions` (tags, time limit,
+    priority, retries). :meth:`with_options` makes the same with other
+    options, sharing the rest (ids, the callables found, the calls timed).
 
     :param ship_modules: modules whose functions and classes travel by value
         (registered with cloudpickle for the life of the process).
@@ -86,12 +90,10 @@ class Submissions:
 
     def __init__(
         self,
-        tags: Iterable[str],
-        task_timeout_s: float | None,
+        options: CallOptions | None = None,
         ship_modules: Iterable[types.ModuleType] = (),
     ) -> None:
-        self._tags = tuple(tags)
-        self.timeout_s = task_timeout_s or 0.0
+        self.options = options or CallOptions()
         self._ids = itertools.count(1)
         self._maps = itertools.count(1)
         self._client = uuid.uuid4().hex[:8]  # (names its maps on the dashboard)
@@ -102,6 +104,21 @@ class Submissions:
         # The callables that travel by name, found once each (a by-value
         # one is pickled at each call: its globals may have changed).
         self._by_name: dict[Callable[..., Any] | str, shipping.Reference] = {}
+
+    def with_options(self, given: CallOptionsGiven) -> Submissions:
+        """The same submissions (one stream of ids), with ``given`` options
+        in place of these.
+
+        :raises ValueError: for a bad value (and :raises TypeError:).
+        """
+        other = copy.copy(self)
+        other.options = CallOptions.of(given, self.options)
+        return other
+
+    @property
+    def timeout_s(self) -> float:
+        """The calls' time limit (0: none)."""
+        return self.options.task_timeout_s or 0.0
 
     def per_call_s(self, ref: shipping.Reference) -> float | None:
         """How long a call of ``ref`` ran in an earlier map, if known."""
@@ -148,7 +165,8 @@ class Submissions:
         :raises SharedMemoryFull: if its arguments do not fit shared memory.
         :raises Exception: whatever pickling the arguments raises.
         """
-        submission = Submission(tags=self._tags) if self._tags else Submission()
+        tags = self.options.tags
+        submission = Submission(tags=tags) if tags else Submission()
         task = submission.task  # (filled in place: no Task made and copied)
         task.id = next(self._ids)
         hold = _pack(task, ref, args, kwargs, store)
@@ -156,8 +174,7 @@ class Submissions:
             task.function = ref.name
         if ref.digest:
             task.digest, task.label = ref.digest, ref.label
-        if self.timeout_s:
-            task.timeout_s = self.timeout_s
+        self.options.apply(task)
         if in_map is not None:
             task.chunk = in_map.chunk
             task.map.CopyFrom(in_map.part)
@@ -170,12 +187,11 @@ class Submissions:
         return MapPart(id=f"{self._client}/{next(self._maps)}", total=total)
 
 
-class ClientOptions(TypedDict, total=False):
+class ClientOptions(CallOptionsGiven, total=False):
     """What both clients take besides their namespace (see
-    :class:`~pool.client.executor.Client` for each)."""
+    :class:`~pool.client.executor.Client` for each): the per-call options'
+    defaults, and how to find the pool."""
 
-    tags: Iterable[str]
-    task_timeout_s: float | None
     ship_modules: Iterable[types.ModuleType]
     discovery_url: str | None
     token_file: str | None
@@ -188,18 +204,18 @@ def open_options(
     """A client's namespace, how it finds its pool, and how its calls go.
 
     :raises TypeError: for an option no client takes.
-    :raises ValueError: for a bad namespace or discovery URL.
+    :raises ValueError: for a bad namespace, discovery URL or option.
     """
-    if unknown := options.keys() - ClientOptions.__annotations__.keys():
+    if unknown := options.keys() - ClientOptions.__optional_keys__:
         raise TypeError(f"a client takes no option {', '.join(sorted(unknown))}")
     namespace = paths.validate_namespace(namespace)
     url = backends.check_url(options.get("discovery_url"))
     locator = Locator(namespace, url, options.get("token_file"), options.get("tls_ca"))
-    submissions = Submissions(
-        options.get("tags", ()),
-        options.get("task_timeout_s"),
-        options.get("ship_modules", ()),
-    )
+    given = {
+        k: v for k, v in options.items() if k in CallOptionsGiven.__optional_keys__
+    }
+    calls = CallOptions.of(given)  # type: ignore[arg-type]
+    submissions = Submissions(calls, options.get("ship_modules", ()))
     return namespace, locator, submissions
 
 

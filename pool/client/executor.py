@@ -6,7 +6,9 @@ behaviour. Its connection runs on a loop of its own
 (:class:`~pool.client.loop.LoopThread`). A future is PENDING, and
 cancellable, until a worker has started its task; then RUNNING.
 A cancel reaches the dispatcher's queue, or the worker that holds the
-task unstarted. ``shutdown(wait=False)`` lets
+task unstarted, and ``cancel()`` returns its word (True: the call will
+never run). :meth:`Client.cancel` cancels many at once, and with
+``force=True`` stops running calls too. ``shutdown(wait=False)`` lets
 pending futures finish; at interpreter exit, every client's pending
 futures are waited for, as the standard executors do.
 
@@ -22,6 +24,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import contextlib
+import copy
 import functools
 import threading
 import time
@@ -31,19 +34,20 @@ from typing import Any, Unpack
 
 from pool.client.core import ClientOptions, open_options
 from pool.client.futures import PoolFuture
+from pool.client.handlers import withdraw
 from pool.client.loop import LoopThread, interpreter_exiting
 from pool.client.mapping import (
-    PROBE_MAX_S,
-    PROBE_WAIT_S,
     Args,
     InMap,
     MapPlan,
     calls_in,
 )
+from pool.client.options import CallOptionsGiven
 from pool.client.progress import Progress, follow, open_bar
 from pool.client.refs import ObjectRef
+from pool.client.results import flatten, in_order, time_per_call
 from pool.client.store import NO_STORE
-from workers.protocol import codec, shipping
+from workers.protocol import shipping
 
 __all__ = ["Client"]
 
@@ -55,8 +59,9 @@ class Client(concurrent.futures.Executor):
     """An Executor whose tasks run in the pool serving ``namespace``.
 
     :param namespace: the pool's namespace (``pool up --namespace``).
-    :param tags: tags every task of this client requires of its worker.
-    :param task_timeout_s: per-task limit enforced by the worker (None: none).
+    :param tags, task_timeout_s, priority, retries, retry_on: the defaults
+        of its calls' options (:mod:`pool.client.options`; no time limit,
+        priority 0, no retry); :meth:`options` gives other defaults.
     :param ship_modules: modules of yours that the workers cannot import:
         their functions and classes travel by value (cloudpickle's
         ``register_pickle_by_value``, for the life of this process).
@@ -73,7 +78,7 @@ class Client(concurrent.futures.Executor):
         ``ProcessPoolExecutor``; the dispatcher's own bound then holds the
         tasks back here: ``docs/architecture.md``, every queue is bounded).
     :raises PoolNotRunning: if no pool serves the namespace.
-    :raises ValueError: for a ``max_pending`` below 1.
+    :raises ValueError: for a ``max_pending`` below 1, or a bad option.
     """
 
     def __init__(
@@ -90,7 +95,30 @@ class Client(concurrent.futures.Executor):
         self._shutdown = False
         self._runner = LoopThread(locator, max_pending)
         # Unreferenced, the client lets its futures finish, then its thread ends.
-        self._finalizer = weakref.finalize(self, self._runner.close_when_idle)
+        weakref.finalize(self, self._runner.close_when_idle)
+        self._owner: Client | None = None  # (a view's: see options)
+        self._sent: weakref.WeakSet[concurrent.futures.Future[Any]] | None = None
+
+    def options(self, **given: Unpack[CallOptionsGiven]) -> Client:
+        """This client with other defaults for its calls (as Ray's
+        ``.options()``): an Executor on the same connection, whose
+        ``submit``, ``map``, ``cancel`` and ``put`` send with ``given``
+        in place of this client's (``task_timeout_s``, ``priority``,
+        ``retries``, ``retry_on``, ``tags``: :mod:`pool.client.options`).
+        The callable's own keyword arguments stay its own.
+
+        Its ``shutdown`` (or the end of its ``with``) ends what it sent
+        only; the client's own ends it too.
+
+        :raises ValueError: for a bad value (:raises TypeError: for a wrong
+            type), named.
+        """
+        view = copy.copy(self)
+        view._submissions = self._submissions.with_options(given)
+        view._owner = self._owner or self  # (kept alive while a view is)
+        view._shutdown_lock, view._shutdown = threading.Lock(), False
+        view._sent = weakref.WeakSet()
+        return view
 
     @property
     def max_workers(self) -> int:
@@ -141,7 +169,7 @@ class Client(concurrent.futures.Executor):
         submitted = False
         try:
             with self._shutdown_lock:
-                if self._shutdown:
+                if self._shutdown or (self._owner and self._owner._shutdown):
                     raise RuntimeError("cannot schedule new futures after shutdown")
                 if interpreter_exiting():
                     raise RuntimeError(
@@ -159,6 +187,8 @@ class Client(concurrent.futures.Executor):
                     return future
                 self._runner.submit(submission, code, future, hold)
                 submitted = True
+                if self._sent is not None:
+                    self._sent.add(future)
                 return future
         finally:
             if not submitted:
@@ -195,15 +225,15 @@ class Client(concurrent.futures.Executor):
         except Exception as exc:  # raised on iteration, as the rest would be
             failed: concurrent.futures.Future[Any] = concurrent.futures.Future()
             failed.set_exception(exc)
-            return _in_order([failed], deadline)
+            return in_order([failed], deadline)
         futures, sizes = self._send_all(plan, ref)
         bar = open_bar(progress, sum(sizes), _name_of(fn))
         if bar is not None:
             follow(bar, futures, sizes)
-        results = _in_order(futures, deadline, bar.close if bar else None)
+        results = in_order(futures, deadline, bar.close if bar else None)
         if not plan.chunked:
             return results
-        return _flatten(results, functools.partial(self._submissions.timed, ref))
+        return flatten(results, functools.partial(self._submissions.timed, ref))
 
     def _send_all(
         self, plan: MapPlan, ref: shipping.Reference
@@ -217,7 +247,7 @@ class Client(concurrent.futures.Executor):
             chunk, part = plan.chunked, self._submissions.map_part(plan.calls)
             futures = [self._send(ref, a, {}, InMap(part, chunk)) for a in tasks]
             if plan.adaptive:
-                rest = plan.rest(_time_per_call(futures))
+                rest = plan.rest(time_per_call(futures))
                 futures += [self._send(ref, a, {}, InMap(part, True)) for a in rest]
                 tasks += rest
         sizes = [calls_in(args, chunk) for args in tasks]
@@ -240,12 +270,40 @@ class Client(concurrent.futures.Executor):
             raise RuntimeError(NO_STORE.format(namespace=self.namespace))
         return store.put(value)
 
+    def cancel(
+        self, futures: Iterable[concurrent.futures.Future[Any]], *, force: bool = False
+    ) -> list[bool]:
+        """Cancel these futures at once (a round trip for all of them, where
+        ``future.cancel()`` takes one each), as Dask's ``Client.cancel``:
+        each is cancelled if its call will never run. With ``force``,
+        running calls are stopped too, as a time limit stops them: a
+        coroutine is cancelled; a plain function's worker is ended and
+        replaced (what it held unstarted goes elsewhere, and a call running
+        beside it in that worker runs again elsewhere); their futures end
+        cancelled (``result()`` raises ``CancelledError``).
+
+        :returns: for each future, in order, whether it ended cancelled
+            (False: it ran, or finished first).
+        :raises RuntimeError: for ``force`` from a done callback (the
+            client's own thread cannot wait for the pool's word).
+        """
+        return withdraw(list(futures), "stop" if force else "cancel")
+
     def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
         """Accept no more tasks; with ``cancel_futures``, cancel those no
-        worker has started; with ``wait``, return once every future is done and
-        the client's thread has ended (else it ends once they are done)."""
+        worker has started (as :meth:`cancel` does: when it returns, each is
+        cancelled or running); with ``wait``, return once every future is
+        done and the client's thread has ended (else it ends once they are
+        done)."""
         with self._shutdown_lock:
             self._shutdown = True
+        if self._sent is not None:  # a view: its own futures
+            sent = list(self._sent)
+            if cancel_futures:
+                withdraw(sent, "cancel")
+            if wait:
+                concurrent.futures.wait(sent)
+            return
         if cancel_futures:
             self._runner.cancel_pending()
         self._runner.close_when_idle()
@@ -253,80 +311,6 @@ class Client(concurrent.futures.Executor):
             self._runner.join()
 
 
-def _time_per_call(futures: list[concurrent.futures.Future[Any]]) -> float | None:
-    """How long one call took in the first chunk to answer; None if one
-    ran :data:`PROBE_WAIT_S` without an answer (or none answered within
-    :data:`PROBE_MAX_S`). Waiting counts from when a worker started one, so
-    that a pool slow to start them is not mistaken for long calls."""
-    started = time.monotonic()
-    running_since = None
-    while True:
-        now = time.monotonic()
-        if running_since is None and any(f.running() for f in futures):
-            running_since = now
-        if running_since is not None:
-            left = running_since + PROBE_WAIT_S - now
-        else:  # look again soon for one started
-            left = min(PROBE_WAIT_S / 5, started + PROBE_MAX_S - now)
-        if left <= 0 or now - started >= PROBE_MAX_S:
-            return None
-        done, _ = concurrent.futures.wait(
-            futures, left, concurrent.futures.FIRST_COMPLETED
-        )
-        for future in done:
-            if future.exception() is None:
-                chunk: codec.ChunkResult = future.result()
-                return chunk.elapsed_s / max(1, len(chunk.values))
-        if done:
-            return None  # the probe failed: so will the rest, one by one
-
-
 def _name_of(fn: Callable[..., Any]) -> str:
     """What a bar calls ``fn``."""
     return getattr(fn, "__qualname__", None) or type(fn).__name__
-
-
-def _in_order(
-    futures: list[concurrent.futures.Future[Any]],
-    deadline: float | None,
-    ended: Callable[[], None] | None = None,
-) -> Iterator[Any]:
-    """Each future's result in order, each future dropped once its result is
-    taken (as ``Executor.map`` does); whatever is left is cancelled, and
-    ``ended`` called."""
-    futures.reverse()
-    try:
-        while futures:
-            left = None if deadline is None else deadline - time.monotonic()
-            yield _result_or_cancel(futures.pop(), left)
-    finally:
-        for future in futures:
-            future.cancel()
-        if ended is not None:
-            ended()
-
-
-def _result_or_cancel(
-    future: concurrent.futures.Future[Any], timeout: float | None
-) -> Any:
-    try:
-        return future.result(timeout)
-    finally:
-        future.cancel()  # a no-op once done: a timeout or an interrupt cancels it
-
-
-def _flatten(
-    chunks: Iterator[codec.ChunkResult], timed: Callable[[codec.ChunkResult], None]
-) -> Iterator[Any]:
-    """Each chunk's values in order, each let go of once yielded; ``timed``
-    hears of each chunk."""
-    for chunk in chunks:
-        timed(chunk)
-        if chunk.failures:
-            yield from codec.chunk_items(chunk)
-            continue
-        values = chunk.values  # (chunk_items, inline: a generator less a value)
-        values.reverse()
-        pop = values.pop
-        while values:
-            yield pop()

@@ -2,7 +2,8 @@
 
 The tasks sent and not answered, what is still to be written (submissions
 and cancels), and what each answer means for its :class:`Handler`
-(``started``: a worker started the task; ``resolve``: its result). The
+(``started``: a worker started the task; ``resolve``: its result;
+``withdrawn``: cancelled as asked, :mod:`pool.client.cancels`). The
 :class:`~pool.client.connection.Connection` runs it over its streams.
 """
 
@@ -12,12 +13,14 @@ import asyncio
 from collections.abc import Iterator
 from typing import Final, Protocol
 
+import grpc
+
 from pool.client.store import Store
 from pool.dispatcher_pb2 import Submission, SubmissionBatch
 from pool.errors import PoolError, PoolStopping
 from workers.protocol import codec, transfer
 from workers.protocol.errors import TransferLost
-from workers.protocol.stream import Outgoing
+from workers.protocol.stream import MAX_UNANSWERED, STRENGTH, Outgoing, Withdraw
 from workers.protocol.worker_pb2 import Data, Result, ResultBatch, Task
 
 # A task whose value was lost with the worker holding it runs again, up to
@@ -35,6 +38,15 @@ class Handler(Protocol):
     def resolve(self, result: Result) -> None:
         """The task's result, or its failure (called once)."""
 
+    def withdrawn(self) -> bool:
+        """The task was cancelled (or stopped) as its owner asked: whether
+        the owner takes it so. False: every ask was given up, and the task
+        is sent again (its owner was told it would run)."""
+
+    def undecided(self) -> None:
+        """Its stream was lost with a cancel asked: the task is sent again,
+        and the ask answered no (it may have started there)."""
+
 
 class Ledger:
     """The tasks a connection has sent and not heard the end of, and the
@@ -46,7 +58,7 @@ class Ledger:
         # By id: the submission, who hears of it, its function's pickle.
         self._pending: dict[int, tuple[Submission, Handler, bytes]] = {}
         self._store = store
-        self._cancelled: set[int] = set()  # asked for, not yet answered
+        self._cancelled: dict[int, Withdraw] = {}  # asked, not yet answered
         self._refetches: dict[int, int] = {}  # tasks run again, lost values
         self.outgoing: Outgoing[Submission] = Outgoing(_task_of, wake)
         self._hand_off = False  # (see new_stream)
@@ -61,6 +73,12 @@ class Ledger:
     def __len__(self) -> int:
         return len(self._pending)
 
+    def room(self) -> int:
+        """How many more tasks may be written now: the stream holds at most
+        :data:`~workers.protocol.stream.MAX_UNANSWERED` written and not
+        answered (the rest stays here, where a cancel withdraws it)."""
+        return MAX_UNANSWERED - (len(self._pending) - self.outgoing.unwritten)
+
     def __contains__(self, task_id: object) -> bool:
         return task_id in self._pending
 
@@ -69,19 +87,43 @@ class Ledger:
         self._pending[submission.task.id] = (submission, handler, code)
         self.outgoing.add(submission, code)
 
-    def cancel(self, task_id: int) -> None:
-        """Cancel a pending task: here if it was not written yet, else ask
-        the dispatcher (its answer comes then)."""
+    def cancel(self, task_id: int, kind: Withdraw = "cancel") -> None:
+        """Ask to withdraw a pending task (see
+        :data:`~workers.protocol.stream.Withdraw`): here if it was not
+        written yet, else of the dispatcher (whose word comes then:
+        withdrawn, started, or its result); once per kind, the stronger
+        going on. The task's handler holds the ask."""
+        if task_id not in self._pending:
+            return
         if self.outgoing.withdraw(task_id):
-            self._settle(Result(id=task_id, failure=codec.cancelled()))
-        elif task_id in self._pending and task_id not in self._cancelled:
-            self._cancelled.add(task_id)
-            self.outgoing.cancel(task_id)
+            self._withdrawn(task_id)
+        elif STRENGTH[kind] > STRENGTH[self._cancelled.get(task_id)]:
+            self._cancelled[task_id] = kind
+            self.outgoing.cancel(task_id, kind)
+
+    def withdraw_unsent(self, task_id: int) -> bool:
+        """Take back a task not written yet (without asking anyone):
+        whether it was (its handler has then heard ``withdrawn``)."""
+        if task_id not in self._pending or not self.outgoing.withdraw(task_id):
+            return False
+        self._withdrawn(task_id)
+        return True
+
+    def _withdrawn(self, task_id: int) -> None:
+        """The task was cancelled as asked: settled, unless every ask was
+        given up meanwhile (then it goes again)."""
+        submission, handler, code = self._pending[task_id]
+        self._cancelled.pop(task_id, None)
+        if handler.withdrawn():
+            self._forget(task_id)
+            self._refetches.pop(task_id, None)
+        else:
+            self.outgoing.add(submission, code)
 
     def batches(self) -> Iterator[SubmissionBatch]:
         """What is to be written, in messages of at most MAX_BATCH_TASKS."""
         for submissions, cancels in self.outgoing.take():
-            yield SubmissionBatch(submissions=submissions, cancel=cancels)
+            yield SubmissionBatch(submissions=submissions, **cancels._asdict())
 
     def on_batch(self, batch: ResultBatch) -> list[Result]:
         """Hear a batch of answers; the results whose values are to be
@@ -99,6 +141,8 @@ class Ledger:
                 to_fetch.append(result)
             elif self._hand_off and result.failure.type == _STOPPING:
                 continue  # (sent again once the stream ends)
+            elif result.id in self._cancelled and _withdrawal(result):
+                self._withdrawn(result.id)
             else:
                 self._settle(result)
         return to_fetch
@@ -112,8 +156,6 @@ class Ledger:
         if isinstance(value, bytearray):
             transfer.ARRIVED.put(result.data.transfer.token, value)
             self._settle(result)
-        elif result.id in self._cancelled:
-            self._settle(Result(id=result.id, failure=codec.cancelled()))
         elif (tries := self._refetches.get(result.id, 0)) >= MAX_REFETCHES:
             self._refetches.pop(result.id, None)
             lost = TransferLost("a value held for this client", str(value))
@@ -121,18 +163,23 @@ class Ledger:
             self._settle(Result(id=result.id, failure=failure))
         else:
             self._refetches[result.id] = tries + 1
-            submission, _, code = self._pending[result.id]
+            submission, handler, code = self._pending[result.id]
+            if self._cancelled.pop(result.id, None) is not None:
+                handler.undecided()  # (it ran: its value is what was lost)
             self.outgoing.add(submission, code)
 
     def _settle(self, result: Result) -> None:
         _, handler = self._forget(result.id)
-        self._cancelled.discard(result.id)
+        self._cancelled.pop(result.id, None)
         self._refetches.pop(result.id, None)
         handler.resolve(result)
 
     def _forget(self, task_id: int) -> tuple[Submission, Handler]:
-        """A task answered: what held its arguments for upload lets go."""
+        """A task answered: what held its arguments for upload lets go, and
+        what waits to be written has room."""
         submission, handler, _ = self._pending.pop(task_id)
+        if self.outgoing.unwritten:
+            self.outgoing.wake.set()
         if (held := transfer.transfer_of(submission.task)) is not None:
             transfer.OFFERED.take(held.token)
         return submission, handler
@@ -146,12 +193,13 @@ class Ledger:
         return None if parts is None else (data, parts)
 
     def resend_all(self) -> None:
-        """After a lost stream: every unanswered task goes out again, but
-        those cancelled meanwhile are answered here."""
+        """After a lost stream: every unanswered task goes out again. A
+        cancel asked of one is answered no: the stream took its word with
+        it, and the task may have started there (a task runs at least
+        once)."""
         for task_id in self._cancelled:
-            if task_id in self._pending:
-                _, handler = self._forget(task_id)
-                handler.resolve(Result(id=task_id, failure=codec.cancelled()))
+            if (entry := self._pending.get(task_id)) is not None:
+                entry[1].undecided()
         self._cancelled.clear()
         self.outgoing.clear()
         for submission, _, code in self._pending.values():
@@ -169,3 +217,11 @@ class Ledger:
 
 def _task_of(submission: Submission) -> Task:
     return submission.task
+
+
+def _withdrawal(result: Result) -> bool:
+    """Whether ``result`` is a task's withdrawal (cancelled where it was)."""
+    return (
+        result.HasField("failure")
+        and codec.status_of(result.failure) == grpc.StatusCode.CANCELLED
+    )

@@ -4,7 +4,9 @@
 :class:`~pool.client.connection.Connection`; it holds nothing of the
 client, so that an unreferenced client is finalized like the standard
 executors. Callers hand it submissions from any thread (one wake-up of the
-loop per burst); a :class:`FutureHandler` drives each future from its
+loop per burst), and cancels (:meth:`LoopThread.cancel`: asked on the
+loop, the pool's word waited for by the caller, :mod:`pool.client.cancels`);
+a :class:`~pool.client.handlers.FutureHandler` drives each future from its
 task's answers on the loop. At interpreter exit every loop's pending
 futures are waited for, as ``concurrent.futures.thread`` does.
 """
@@ -18,20 +20,21 @@ import itertools
 import logging
 import threading
 import weakref
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any, Final
 
 import uvloop
 from grpc import aio
 
+from pool.client.cancels import Ask, wait_all
 from pool.client.connection import Connection
-from pool.client.core import dropped, outcome
 from pool.client.futures import PoolFuture
+from pool.client.handlers import FutureHandler, handler_of, settle
 from pool.client.rendezvous import Locator
 from pool.client.store import HOLD_NOTHING, Hold, Store
 from pool.dispatcher_pb2 import Submission
 from pool.errors import PoolError, PoolNotRunning
-from workers.protocol.worker_pb2 import Result
+from workers.protocol.stream import Withdraw
 
 CONNECT_TIMEOUT_S: Final = 30.0
 FLUSH_MAX: Final = 4096  # submissions handed to the connection a turn
@@ -63,85 +66,6 @@ def _python_exit() -> None:
 # Runs before non-daemon threads are joined, while our loop threads still
 # run (the standard executors register their exit hook the same way).
 threading._register_atexit(_python_exit)  # type: ignore[attr-defined]
-
-
-class FutureHandler:
-    """Drives one :class:`concurrent.futures.Future` from its task's answers,
-    on the client's loop: RUNNING once a worker started it, then its result.
-    A cancelled future is told to its waiters once (see
-    ``Future.set_running_or_notify_cancel``). With ``runner``, tells it
-    when the future is settled or its owner cancelled it."""
-
-    __slots__ = ("_future", "_hold", "_notified", "_runner", "_store", "task_id")
-
-    def __init__(
-        self,
-        future: concurrent.futures.Future[Any],
-        store: Store | None = None,
-        hold: Hold = HOLD_NOTHING,
-        runner: LoopThread | None = None,
-        task_id: int = 0,
-    ) -> None:
-        # (Let go of once it is settled: the future holds this handler until
-        # it is cancelled, and a cycle would keep a large value until a GC.)
-        self._future: concurrent.futures.Future[Any] | None = future
-        self._notified = False  # set_running_or_notify_cancel was called
-        self._store, self._hold = store, hold  # its arguments' shared memory
-        self._runner, self.task_id = runner, task_id
-
-    def started(self) -> None:
-        if not self._notified and self._future is not None:
-            self._notified = True
-            self._future.set_running_or_notify_cancel()
-
-    def cancelled(self) -> None:
-        """The future was cancelled: wake those who wait on it."""
-        self.started()  # returns False and notifies, the future being cancelled
-
-    def owner_cancelled(self) -> None:
-        """Any thread: the future's owner cancelled it."""
-        if self._runner is not None and self._future is not None:
-            self._runner.on_cancel(self._future, self)
-
-    def fail(self, exc: BaseException) -> None:
-        """The task was never sent: its future fails with ``exc``."""
-        if (future := self._settling()) is not None:
-            settle(future.set_exception, exc)
-            self._settled(future)
-
-    def resolve(self, result: Result) -> None:
-        if (future := self._settling()) is None:
-            dropped(result, self._store)  # (cancelled: nobody reads it)
-            return
-        try:
-            value = outcome(result, self._store, self._hold.key)
-        except BaseException as exc:  # the task's error, whatever it is
-            settle(future.set_exception, exc)
-        else:
-            settle(future.set_result, value)
-        self._settled(future)
-
-    def _settling(self) -> concurrent.futures.Future[Any] | None:
-        """Release what the task's arguments held; the future to settle,
-        unless it was cancelled (let go of, once settled)."""
-        if self._store is not None:
-            self._store.release(self._hold)
-        future = self._future
-        if future is None or future.cancelled():
-            return None
-        self._future = None
-        return future
-
-    def _settled(self, future: concurrent.futures.Future[Any]) -> None:
-        if isinstance(future, PoolFuture):
-            future._handler = None  # (a done future cancels nothing)
-        if self._runner is not None:
-            self._runner.forget(future)
-
-
-def settle(setter: Callable[[Any], None], value: Any) -> None:
-    with contextlib.suppress(concurrent.futures.InvalidStateError):
-        setter(value)  # (raises if its owner cancelled it in the meantime)
 
 
 class LoopThread:
@@ -274,13 +198,65 @@ class LoopThread:
             self.outstanding.discard(future)
             self._room.notify()
 
-    def on_cancel(
-        self, future: concurrent.futures.Future[Any], handler: FutureHandler
+    def cancel(
+        self,
+        handlers: list[FutureHandler],
+        kind: Withdraw = "cancel",
+        *,
+        wait: bool = True,
+    ) -> list[bool]:
+        """Any thread: ask the pool to withdraw these tasks (``kind``:
+        :data:`~workers.protocol.stream.Withdraw`); with ``wait``, wait for
+        its word on each (the list), else return at once (``[]``), each
+        future settling as its word comes. Waited for on the loop's own
+        thread (a done callback), which cannot wait: only a task not yet
+        written is cancelled, at once.
+
+        :raises RuntimeError: for a ``stop`` waited for on the loop's thread.
+        """
+        on_loop = self._on_loop()
+        if on_loop and wait:
+            if kind == "stop":
+                raise RuntimeError(
+                    "cancel(force=True) waits for the pool's word: call it from "
+                    "a thread of yours, not a done callback (they run on the "
+                    "client's own thread)"
+                )
+            return [self._withdraw_unsent(handler) for handler in handlers]
+        asks = [Ask(kind) for _ in handlers]
+        asked = threading.Event()  # the loop has asked them all
+        if on_loop:
+            self._ask(handlers, asks, asked)
+            return []
+        try:
+            self._loop.call_soon_threadsafe(self._ask, handlers, asks, asked)
+        except RuntimeError:  # the loop closed: every future is done
+            return [h._future is not None and h._future.cancelled() for h in handlers]
+        if not wait:
+            return []
+        asked.wait()  # (the loop takes FLUSH_MAX a turn; the deadline is for words)
+        return wait_all(asks)
+
+    def _ask(
+        self, handlers: list[FutureHandler], asks: list[Ask], asked: threading.Event
     ) -> None:
-        """Any thread: the future's owner cancelled it: withdraw its task."""
-        self.forget(future)
-        with contextlib.suppress(RuntimeError):  # closed: nothing pending there
-            self._loop.call_soon_threadsafe(self._cancel, handler)
+        """Hold each ask in its handler and ask the pool, all in one turn of
+        the loop: else the sender would write, between turns, tasks that
+        were to be withdrawn unwritten. A task still in the inbox is
+        withdrawn when the flush meets it."""
+        assert self._connection is not None
+        for handler, ask in zip(handlers, asks, strict=True):
+            if handler.ask(ask):
+                self._connection.cancel(handler.task_id, ask.kind)
+        asked.set()
+
+    def _withdraw_unsent(self, handler: FutureHandler) -> bool:
+        """On the loop: cancel a task not yet written (certain here)."""
+        assert self._connection is not None
+        ask = Ask()
+        if handler.ask(ask):
+            self._connection.ledger.withdraw_unsent(handler.task_id)
+        return ask.wait(0)  # (its answer, or given up: the task runs)
 
     def _flush(self) -> None:
         """Hand the connection what callers submitted, at most
@@ -297,23 +273,19 @@ class LoopThread:
                         return
                     self._backlog, self._inbox = iter(self._inbox), []
             for submission, code, handler in itertools.islice(self._backlog, budget):
-                self._connection.submit(submission, handler, code)
+                if not (handler.asked and handler.withdrawn()):  # (cancelled here)
+                    self._connection.submit(submission, handler, code)
                 budget -= 1
             if budget:
                 self._backlog = None  # (all of it handed over)
         self._loop.call_soon(self._flush)
 
-    def _cancel(self, handler: FutureHandler) -> None:
-        assert self._connection is not None
-        self._connection.cancel(handler.task_id)
-        handler.cancelled()
-
     def cancel_pending(self) -> None:
         """Cancel every future no worker has started (any thread)."""
         with self._lock:
             futures = list(self.outstanding)
-        for future in futures:
-            future.cancel()
+        handlers = [h for f in futures if (h := handler_of(f)) is not None]
+        self.cancel(handlers)
 
     def close_when_idle(self) -> None:
         """Stop the loop once every pending future is done (any thread)."""

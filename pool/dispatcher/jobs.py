@@ -13,9 +13,13 @@ from dataclasses import dataclass
 from typing import Literal, Protocol
 
 from discovery import WorkerInfo
+from workers.protocol.stream import Withdraw
 from workers.protocol.worker_pb2 import Chunk, FetchRequest, Result, Task
 
-Withdrawal = Literal["cancel", "requeue"]
+# Why a job's worker was asked to give it back: as its client asked (see
+# workers.protocol.stream.Withdraw), or to move it ("requeue": a free
+# worker, a higher priority).
+Withdrawal = Withdraw | Literal["requeue"]
 
 
 class Owner(Protocol):
@@ -89,8 +93,9 @@ class Link(abc.ABC):
         ``in_flight``, then): whether it was."""
 
     @abc.abstractmethod
-    def cancel(self, task_id: int) -> None:
-        """Ask its worker to withdraw ``task_id`` if it has not started it."""
+    def cancel(self, task_id: int, kind: Withdraw = "cancel") -> None:
+        """Ask its worker to withdraw ``task_id`` (see
+        :data:`~workers.protocol.stream.Withdraw`)."""
 
     @abc.abstractmethod
     async def run(self) -> None:
@@ -124,11 +129,16 @@ class Job:
     unplaceable_since: float | None = None
     link: Link | None = None
     started: bool = False  # its current link's worker started it
-    # Why its worker was asked to withdraw it, if it was: "cancel" (its
-    # client's), or "requeue" (for a worker that is free).
+    # Why its worker was asked to withdraw it, if it was (see Withdrawal).
     withdrawing: Withdrawal | None = None
     sent_at: float = 0.0  # when it was written to its current link
+    started_at: float = 0.0  # when its current worker's start was heard of
     finished: bool = False  # answered (or cancelled while queued)
+
+    @property
+    def asked(self) -> Withdraw | None:
+        """How its client asked its worker to withdraw it, if it did."""
+        return None if self.withdrawing == "requeue" else self.withdrawing
 
     def lost(self, info: WorkerInfo, may_have_started: bool) -> bool:
         """Its worker (``info``) was lost: an attempt if it had started there

@@ -43,7 +43,7 @@ from discovery import WorkerInfo
 from pool.dispatcher.jobs import Connect, Job, Link, LinkEvents
 from workers.common import channels
 from workers.protocol import auth, transfer
-from workers.protocol.stream import Outgoing
+from workers.protocol.stream import Cancels, Outgoing, Withdraw
 from workers.protocol.worker_pb2 import (
     Chunk,
     FetchRequest,
@@ -133,8 +133,8 @@ class WorkerLink(Link):
         self.in_flight.remove(job.task.id)
         return True
 
-    def cancel(self, task_id: int) -> None:
-        self._outgoing.cancel(task_id)
+    def cancel(self, task_id: int, kind: Withdraw = "cancel") -> None:
+        self._outgoing.cancel(task_id, kind)
 
     async def run(self) -> None:
         """Stream tasks to the worker and results back until the stream ends."""
@@ -196,14 +196,13 @@ class WorkerLink(Link):
         self._connected = True
         self._events.on_connected(self)
 
-        async def write(jobs: list[Job], cancels: list[int]) -> bool:
+        async def write(jobs: list[Job], cancels: Cancels) -> bool:
             now = time.monotonic()
             for job in jobs:
                 job.sent_at = now
+            batch = TaskBatch(tasks=[j.task for j in jobs], **cancels._asdict())
             try:
-                await call.write(
-                    TaskBatch(tasks=[j.task for j in jobs], cancel=cancels)
-                )
+                await call.write(batch)
             except (aio.AioRpcError, aio.UsageError, asyncio.InvalidStateError):
                 return False  # _receive sees the stream end
             return True

@@ -11,26 +11,34 @@ hold (:attr:`~pool.dispatcher.jobs.Link.free`). Caller:
 
 A task is the router's until a worker *starts* it. One a worker holds
 unstarted is withdrawn when its client cancels it, and moved when the
-queue is empty and another worker has a slot with nothing for it
-(:mod:`pool.dispatcher.stealing`). So no task waits behind another while a
-slot that could run it is free.
+queue has nothing for a worker's free slot, or a task of a higher priority
+waits (:mod:`pool.dispatcher.stealing`). So no task waits behind another
+while a slot that could run it is free.
+
+Priorities. Queued tasks go highest priority first
+(:mod:`pool.dispatcher.queue`). With several priorities about, nothing of
+a lower one is sent while one of a higher one is held unstarted anywhere
+(it would start first on another worker), and a higher one that waits
+takes back what a worker holds of a lower one.
+
+Cancels. A cancel is answered where the task is: in the queue, or in a
+link not yet written, at once; else its worker decides, as its kind says
+(:data:`~workers.protocol.stream.Withdraw`).
 
 Attempts. A worker reports the tasks it has *started* with its results.
 When a worker is lost (its stream ends), its unfinished tasks go back to
-the front of the queue: one that may have run there (reported started,
-or among the first unreported that a free slot could have taken) counts
-an attempt, one held behind busy slots none. At ``max_attempts`` it fails with
-:class:`~pool.errors.WorkerLost`, which says how each worker died; one
-lost unstarted :data:`MAX_UNTAKEN_LOSSES` times fails too.
+the front of the queue, counting an attempt if they may have run there,
+or are answered (:mod:`pool.dispatcher.losses` says which); at
+``max_attempts`` a task fails with :class:`~pool.errors.WorkerLost`,
+which says how each worker died.
 
 Bounds. At most ``max_queued`` tasks wait (``Router.queue.room``); one with no
-matching ready worker fails after ``no_worker_timeout_s``.
+matching ready worker fails after ``no_worker_timeout_s``
+(:mod:`pool.dispatcher.matching`).
 
-Stopping. :meth:`Router.stop_taking` (the pool drains) fails with
-:class:`~pool.errors.PoolStopping` every task not started (queued, or held
-by a worker, which gives it back) and every task submitted later; started
-ones finish and are delivered. :meth:`Router.finish` waits a bounded time
-for them, then fails the rest.
+Stopping. Tasks not started fail with :class:`~pool.errors.PoolStopping`
+(:meth:`Router.stop_taking`); started ones finish and are delivered, for a
+bounded time (:meth:`Router.finish`).
 
 Every background task (links, ticker, graces, failures that wait for an exit
 report) runs in the router's task group (``async with Router(...)``). With a
@@ -42,8 +50,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
+import time
 from collections.abc import Callable, Coroutine, Iterable
-from typing import Any, Final, Self
+from typing import Any, Final, Self, assert_never
 from uuid import UUID
 
 import grpc
@@ -52,17 +61,19 @@ from discovery import DiscoveryEvent, WorkerInfo
 from pool.dispatcher.choosing import Chooser
 from pool.dispatcher.exits import Exits
 from pool.dispatcher.jobs import Connect, Job, Link
+from pool.dispatcher.losses import Fate, fates
+from pool.dispatcher.matching import NO_WORKER_TIMEOUT_S, Matching
 from pool.dispatcher.queue import MAX_QUEUED, TaskQueue
 from pool.dispatcher.roster import Roster
 from pool.dispatcher.stealing import Withdrawals
 from pool.dispatcher.telemetry import Telemetry
-from pool.errors import NoWorkerAvailable, PoolStopping, WorkerLost
+from pool.errors import PoolStopping, WorkerLost
 from workers.protocol import codec
+from workers.protocol.errors import TaskTimeout
+from workers.protocol.stream import STRENGTH, Withdraw
 from workers.protocol.worker_pb2 import Failure, Result
 
-NO_WORKER_TIMEOUT_S: Final = 30.0
 MAX_ATTEMPTS: Final = 3
-MAX_UNTAKEN_LOSSES: Final = 10
 EXPIRE_EVERY_S: Final = 1.0
 _STOPPED: Final = {  # why a task lost its worker as the pool stopped, if started
     True: "its worker stopped before it finished",
@@ -94,7 +105,6 @@ class Router:
             raise ValueError(f"max_attempts must be at least 1, got {max_attempts}")
         self.namespace, self._connect, self._is_alive = namespace, connect, is_alive
         self._on_linked, self._max_attempts = on_linked, max_attempts
-        self._no_worker_timeout_s = no_worker_timeout_s
         self._ids = itertools.count(1)
         self._roster = Roster(
             namespace,
@@ -105,17 +115,16 @@ class Router:
             on_lost=self._lost,
         )
         self._open = self._roster.open  # every link whose stream still runs
+        self._matching = Matching(self._roster.links, no_worker_timeout_s)
         self._refusing: set[Link] = set()  # answered UNAVAILABLE since its last news
-        self._withdrawals = Withdrawals(self.pump)  # asked back from workers
         self.queue = TaskQueue(max_queued)
+        self._withdrawals = Withdrawals(self.queue, self.pump)  # asked back
         self.stopping = False
         self._stack = contextlib.AsyncExitStack()  # holds the task group
         self._group: asyncio.TaskGroup | None = None
         self._expiring: asyncio.Task[None]
         self._settled = asyncio.Event()  # stopping, and no worker has a task
         self._exits = Exits()
-        self._started = False  # every worker of the pool has started once
-        self._broken: Failure | None = None  # no worker can start: fail all
         self.telemetry: Telemetry | None = None  # told of every end, if set
 
     # -- lifetime ------------------------------------------------------------
@@ -159,28 +168,28 @@ class Router:
 
     def _requeue(self, link: Link) -> None:
         jobs = link.in_flight.remove_all()
-        # A worker starts tasks in the order it got them and reports starts
-        # after the fact: as many of the first unreported ones as it had
-        # slots free may have run.
-        free = link.slots - sum(job.started for job in jobs)
-        unreported = [job for job in jobs if not job.started and not job.finished]
-        maybe = set(unreported[: max(free, 0)])
-        for job in reversed(jobs):  # keep their order at the queue's front
+        for job in jobs:
             self._withdrawals.forget(job)
-            if job.finished:
-                continue
-            taken = job.lost(link.info, job in maybe)
-            if job.attempts >= self._max_attempts:
-                if self._roster.closed:  # no time to wait for how the last one died
-                    self._fail(job, self._lost_error(job))
-                else:
+        now = time.monotonic()
+        for job, fate, taken in fates(link, jobs, self._max_attempts, now):
+            match fate:
+                case Fate.AGAIN if self.stopping:
+                    self._fail(job, PoolStopping(self.namespace, _STOPPED[taken]))
+                case Fate.AGAIN:
+                    self.queue.push(job, front=True)
+                case Fate.CANCELLED:
+                    self._cancelled(job)
+                case Fate.TIMED_OUT:
+                    deadline = grpc.StatusCode.DEADLINE_EXCEEDED
+                    self._fail(job, TaskTimeout(job.task.timeout_s), deadline)
+                case Fate.ATTEMPTS_SPENT if self._roster.closed:
+                    self._fail(job, self._lost_error(job))  # (no time to wait)
+                case Fate.ATTEMPTS_SPENT:
                     self._spawn(self._fail_lost(job))
-            elif job.untaken_losses >= MAX_UNTAKEN_LOSSES:
-                self._fail(job, WorkerLost(job.untaken_losses, ()))
-            elif self.stopping:
-                self._fail(job, PoolStopping(self.namespace, _STOPPED[taken]))
-            else:
-                self.queue.push(job, front=True)
+                case Fate.UNTAKEN_TOO_OFTEN:
+                    self._fail(job, WorkerLost(job.untaken_losses, ()))
+                case _:
+                    assert_never(fate)
         self._check_settled()
 
     async def _fail_lost(self, job: Job) -> None:
@@ -205,59 +214,56 @@ class Router:
         job.task.id = next(self._ids)
         if self.stopping:
             self._fail(job, PoolStopping(self.namespace))
-        elif self._broken is not None:
-            self._deliver(job, Result(id=job.task.id, failure=self._broken))
-        elif self._unmatched(job):
-            self._fail_unmatched(job)
+        elif (refusal := self._matching.refusal(job)) is not None:
+            self._deliver(job, refusal)
         else:
             self.queue.push(job)
 
     def started(self) -> None:
         """Every worker of the pool has started (the supervisor says so): from
         now on, a task whose tags no registered worker has fails at once."""
-        self._started = True
-        for job in self.queue.remove_where(self._unmatched):
-            self._fail_unmatched(job)
+        self._matching.started = True
+        self._refuse(self.queue.remove_where(self._matching.unmatched))
 
     def broken(self, failure: Failure) -> None:
         """No worker can start (their initializer fails): what waits, and
         whatever comes later, fails with ``failure``."""
-        self._broken = failure
-        for job in self.queue.remove_where(lambda job: True):
-            self._deliver(job, Result(id=job.task.id, failure=failure))
+        self._matching.broken = failure
+        self._refuse(self.queue.remove_where(lambda job: True))
 
-    def _unmatched(self, job: Job) -> bool:
-        """Whether the pool has started and no registered worker has the
-        job's tags (else it may yet find one)."""
-        if not (self._started and job.tags and self.links):
-            return False
-        return not any(job.tags <= link.info.tags for link in self.links.values())
-
-    def _fail_unmatched(self, job: Job) -> None:
-        known = frozenset().union(*(link.info.tags for link in self.links.values()))
-        error = NoWorkerAvailable(tuple(sorted(job.tags)), 0.0, tuple(sorted(known)))
-        self._fail(job, error, grpc.StatusCode.DEADLINE_EXCEEDED)
+    def _refuse(self, jobs: list[Job]) -> None:
+        for job in jobs:
+            refusal = self._matching.refusal(job)
+            assert refusal is not None
+            self._deliver(job, refusal)
 
     @property
     def queued(self) -> int:
         """Tasks waiting for a worker."""
         return self.queue.waiting
 
-    def cancel(self, job: Job) -> None:
-        """Cancel a task: at once if no worker has it, else through its worker."""
+    def cancel(self, job: Job, kind: Withdraw = "cancel") -> None:
+        """Withdraw a task as its client asks (``kind``: see the module
+        docstring): at once if no worker has it, else through its worker;
+        once per kind, a stronger one going on."""
         if job.finished:
             return
         link = job.link
         if link is None:  # queued: it leaves the queue when the pump meets it
-            self.queue.leave()
-            self._deliver(job, Result(id=job.task.id, failure=codec.cancelled()))
+            self.queue.leave(job)
+            self._cancelled(job)
         elif link.take_back(job):  # not written to the worker yet
-            self._deliver(job, Result(id=job.task.id, failure=codec.cancelled()))
-        elif job.withdrawing != "cancel":  # (once asked, asked)
-            if job.withdrawing is None:
-                link.cancel(job.task.id)
+            self._cancelled(job)
+        elif kind == "cancel" and job.started:
+            return  # (the worker would refuse: its start is the client's no)
+        elif STRENGTH[kind] > STRENGTH[job.asked]:
+            if not (kind == "cancel" and job.withdrawing == "requeue"):
+                link.cancel(job.task.id, kind)  # (a steal's ask is a cancel)
             self._withdrawals.forget(job)
-            job.withdrawing = "cancel"  # (a steal under way answers this too)
+            job.withdrawing = kind  # (a steal under way answers this too)
+
+    def _cancelled(self, job: Job) -> None:
+        self._deliver(job, Result(id=job.task.id, failure=codec.cancelled()))
 
     def _deliver(self, job: Job, result: Result, by: WorkerInfo | None = None) -> None:
         job.finished = True
@@ -277,14 +283,18 @@ class Router:
         self.pump()
 
     def on_started(self, link: Link, task_ids: Iterable[int]) -> None:
-        """The worker on ``link`` has started these tasks."""
+        """The worker on ``link`` has started these tasks (with several
+        priorities about, what waited for them to start goes now)."""
+        now = time.monotonic()
         for task_id in task_ids:
             if (job := link.in_flight.get(task_id)) is not None and not job.started:
-                job.started = True
+                job.started, job.started_at = True, now
                 if job.withdrawing == "requeue":
                     job.withdrawing = None  # too late: it runs there
                     self._withdrawals.forget(job)
                 job.owner.on_started(job)
+        if self.queue.mixed and self.queue:
+            self.pump()
 
     def on_results(self, link: Link, results: Iterable[Result]) -> None:
         """Results from the worker on ``link`` (one message's): each is
@@ -312,7 +322,9 @@ class Router:
             # Send it nothing more until its published state changes (it is
             # draining or stuck): else the task would bounce back and forth.
             self._refusing.add(link)
-            if self.stopping:
+            if job.asked:  # (handed back unrun: its client's cancel holds)
+                self._cancelled(job)
+            elif self.stopping:
                 self._fail(job, PoolStopping(self.namespace))
             else:
                 self.queue.push(job, front=True)
@@ -328,32 +340,25 @@ class Router:
             for link in self.links.values()
             if link.ready and link not in self._refusing
         ]
-        for _ in range(2):  # (again once for what a steal took back at once)
+        withdrawals = self._withdrawals
+        for _ in range(2):  # (again once for what came back at once)
+            floor = withdrawals.held_floor(self._open)
             if self.queue:
-                self.queue.place(Chooser(ready))
-            if self.queue.waiting or not self._steal(ready):
+                self.queue.place(Chooser(ready), floor)
+            if self.queue.waiting and withdrawals.preempt(ready):
+                continue
+            # With the queue empty, or holding only what waits for higher
+            # work held elsewhere, the slots that have nothing take that.
+            if self.queue.waiting and floor is None:
                 return
-
-    def _steal(self, ready: list[Link]) -> bool:
-        """Ask back tasks held behind busy slots for the slots that have
-        nothing (:mod:`pool.dispatcher.stealing`); whether some came back at
-        once (they are queued again)."""
-        idle = [link for link in ready if link.load < link.slots]
-        if not idle:
-            return False
-        back = self._withdrawals.steal(idle, self._open)
-        for job in reversed(back):
-            self.queue.push(job, front=True)
-        return bool(back)
+            if not withdrawals.steal(ready, self._open):
+                return
 
     def expire(self) -> None:
         """Fail the tasks that have had no matching ready worker for too long
-        (called about once a second: a task fails up to a second late)."""
-        limit = self._no_worker_timeout_s
-        ready = [link.info.tags for link in self.links.values() if link.ready]
-        for job in self.queue.expired(ready, limit):
-            error = NoWorkerAvailable(tuple(sorted(job.tags)), limit)
-            self._fail(job, error, grpc.StatusCode.DEADLINE_EXCEEDED)
+        (:meth:`Matching.expired`)."""
+        for job, result in self._matching.expired(self.queue):
+            self._deliver(job, result)
 
     async def _expire_every(self, interval_s: float) -> None:
         while True:

@@ -27,12 +27,20 @@ from pool.dispatcher_pb2 import (
     SubmissionBatch,
     WorkerState,
 )
-from workers.protocol.stream import Incoming
+from workers.protocol.stream import (
+    MAX_BATCH_TASKS,
+    MAX_UNANSWERED,
+    WITHDRAWS,
+    Incoming,
+)
 from workers.protocol.worker_pb2 import Result, ResultBatch, Want
 
 # A client stream with this many tasks in the dispatcher is not read until
-# some finish (and none is read while the router's queue is full).
-MAX_STREAM_TASKS: Final = 10_000
+# some finish (and none is read while the router's queue is full): more
+# than a client writes unanswered, by a message, so that a client that
+# keeps to that is always read (its cancels come through); one that does
+# not meets gRPC's flow control.
+MAX_STREAM_TASKS: Final = MAX_UNANSWERED + MAX_BATCH_TASKS
 
 
 Requests = AsyncIterator[SubmissionBatch]
@@ -73,20 +81,22 @@ class ClientStream(Incoming[Job]):
                     self.entries[task.id] = job
                     router.submit(job)
             router.pump()
-            for client_id in batch.cancel:
-                if (cancelled := self.entries.get(client_id)) is not None:
-                    router.cancel(cancelled)
+            for kind in WITHDRAWS:
+                for client_id in getattr(batch, kind):
+                    if (asked := self.entries.get(client_id)) is not None:
+                        router.cancel(asked, kind)
             # (Not read while full, nor while the router's queue is: gRPC
             # flow control then holds the client.)
             await self.wait_for_room(router.queue.room)
         self.end_of_input()
 
     def abandon(self) -> None:
-        """The client went away: cancel what it left."""
+        """The client went away: abandon what it left (withdrawn, or a
+        running coroutine cancelled; a plain call runs out)."""
         self.reading = False
         jobs, self.entries = list(self.entries.values()), {}
         for job in jobs:
-            self._router.cancel(job)
+            self._router.cancel(job, "abandon")
 
 
 class DispatcherService(dispatcher_pb2_grpc.DispatcherServicer):
@@ -134,5 +144,8 @@ class DispatcherService(dispatcher_pb2_grpc.DispatcherServicer):
             for link in self._router.links.values()
         ]
         return ListWorkersReply(
-            workers=states, queued=self._router.queued, clients=len(self._streams)
+            workers=states,
+            queued=self._router.queued,
+            clients=len(self._streams),
+            queued_by_priority=self._router.queue.by_priority(),
         )

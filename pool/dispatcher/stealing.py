@@ -2,9 +2,10 @@
 
 A worker is sent a little ahead of its free slots (to hide a round trip),
 and what it holds unstarted stays the router's. This module asks for such
-tasks back, for two reasons: to *move* them, when the router's queue is
-empty and some worker has a slot with nothing for it (:meth:`steal`), and
-to *stop* them, when the pool drains (:meth:`take_back_all`). A holder
+tasks back, for three reasons: to *move* them, when the router's queue is
+empty and some worker has a slot with nothing for it (:meth:`steal`); to
+let a task of a higher priority that waits start first (:meth:`preempt`);
+and to *stop* them, when the pool drains (:meth:`take_back_all`). A holder
 whose tasks are shorter than a round trip, and that started one lately, is
 left alone (:func:`~pool.dispatcher.choosing.keeps_up`): what it holds
 will have run before a steal arrives. A task not yet written to its
@@ -26,12 +27,14 @@ Its owner ends it with :meth:`Withdrawals.close`.
 from __future__ import annotations
 
 import asyncio
+import math
 import time
 from collections.abc import Callable, Iterable
 from typing import Final
 
 from pool.dispatcher.choosing import keeps_up, lag_after
 from pool.dispatcher.jobs import Job, Link
+from pool.dispatcher.queue import TaskQueue
 
 # The look-again timer waits at least this long (it fires about once per
 # choosing.LAG_MIN_S while a packed holder keeps up beside an idle worker).
@@ -39,13 +42,18 @@ LOOK_AGAIN_MIN_S: Final = 0.001
 
 
 class Withdrawals:
-    """The tasks asked back from their workers, to be placed again.
+    """The tasks asked back from their workers, to be placed again: those
+    that come back at once go to the front of ``queue``, the others when
+    their worker's answer comes (the owner puts them there).
 
     :param look_again: called (on the loop) once a holder left alone
         by :meth:`steal` may no longer keep up: the owner pumps again.
     """
 
-    def __init__(self, look_again: Callable[[], None] = lambda: None) -> None:
+    def __init__(
+        self, queue: TaskQueue, look_again: Callable[[], None] = lambda: None
+    ) -> None:
+        self._queue = queue
         self.asked: set[Job] = set()
         self._look_again = look_again
         self._due: float | None = None  # when a holder left alone may lag
@@ -62,12 +70,17 @@ class Withdrawals:
         """The ask is answered (withdrawn, started, cancelled or lost)."""
         self.asked.discard(job)
 
-    def steal(self, idle: list[Link], holders: Iterable[Link]) -> list[Job]:
-        """Ask back, for each slot of ``idle`` with nothing for it, a task a
-        holder keeps waiting behind its busy slots (the newest first), if an
-        idle link can run it; what an ask in flight will bring counts. The
-        tasks that came back at once (not written yet) are returned."""
+    def steal(self, ready: list[Link], holders: Iterable[Link]) -> bool:
+        """Ask back, for each slot of ``ready`` with nothing for it, a task a
+        holder keeps waiting behind its busy slots (the highest priority,
+        then the newest first), if an idle link can run it; what an ask in
+        flight will bring counts. Whether some came back at once (not
+        written yet: they are queued again)."""
         self._due = None
+        idle = [link for link in ready if link.load < link.slots]
+        return bool(idle) and self._again(self._steal(idle, holders))
+
+    def _steal(self, idle: list[Link], holders: Iterable[Link]) -> list[Job]:
         wanted = sum(k.slots - k.load for k in idle) - len(self.asked)
         if wanted <= 0:
             return []
@@ -79,7 +92,7 @@ class Withdrawals:
             if keeps_up(holder, now):
                 self._watch(lag_after(holder))
                 continue
-            for job in reversed(list(holder.in_flight.values())):
+            for job in _newest_of_highest_priority(holder):
                 if wanted <= 0 or waiting <= 0:
                     break
                 if job.started or job.withdrawing is not None:
@@ -115,6 +128,67 @@ class Withdrawals:
             self._due = None
             self._look_again()
 
+    def held_floor(self, links: Iterable[Link]) -> float | None:
+        """With jobs of several priorities queued so far: the highest
+        priority that ``links`` hold unstarted (-inf: none), below which
+        nothing is placed (:meth:`TaskQueue.place`). None with one priority
+        only."""
+        if not self._queue.mixed:
+            return None
+        held = (
+            job.task.priority
+            for link in links
+            for job in link.in_flight.values()
+            if not job.started
+        )
+        return max(held, default=-math.inf)
+
+    def preempt(self, holders: list[Link]) -> bool:
+        """Ask back what ``holders`` keep unstarted behind queued jobs of a
+        higher priority (:meth:`_preempt`); whether some came back at once
+        (queued again, at their own priority)."""
+        queue = self._queue
+        top = queue.top_priority
+        if top is None or top <= queue.lowest:
+            return False  # (nothing can be held at a lower one)
+        room = sum(link.load for link in holders)
+        waiting = queue.waiting_above(queue.lowest, room)
+        return self._again(self._preempt(holders, waiting))
+
+    def _again(self, back: list[Job]) -> bool:
+        """Queue again, in order at the front, what came back at once."""
+        for job in reversed(back):
+            self._queue.push(job, front=True)
+        return bool(back)
+
+    def _preempt(self, holders: Iterable[Link], waiting: Iterable[Job]) -> list[Job]:
+        """Ask back, for each job of ``waiting`` (queued, highest priority
+        first), one its priority passes that a holder its tags fit keeps
+        unstarted (the lowest priority first, the newest first); an ask in
+        flight counts for one. The jobs that came back at once (not
+        written yet) are returned."""
+        held = [
+            (job, link)
+            for link in holders
+            for job in reversed(link.in_flight.values())
+            if not job.started and job.withdrawing is None
+        ]
+        held.sort(key=lambda pair: pair[0].task.priority)  # (stable: newest first)
+        back: list[Job] = []
+        in_flight = len(self.asked)
+        for want in waiting:
+            if in_flight:
+                in_flight -= 1
+                continue
+            for i, (job, link) in enumerate(held):
+                if job.task.priority >= want.task.priority:
+                    return back  # (none lower is left)
+                if want.tags <= link.info.tags:
+                    self._take_back(link, job, back)
+                    del held[i]
+                    break
+        return back
+
     def take_back_all(self, links: Iterable[Link]) -> list[Job]:
         """Ask back every task the links hold unstarted (the pool stops);
         those that came back at once are returned."""
@@ -132,6 +206,15 @@ class Withdrawals:
             job.withdrawing = "requeue"
             self.asked.add(job)
             link.cancel(job.task.id)
+
+
+def _newest_of_highest_priority(link: Link) -> list[Job]:
+    """What ``link`` holds, the highest priority first, the newest first
+    within one."""
+    jobs = list(link.in_flight.values())
+    jobs.reverse()
+    jobs.sort(key=lambda job: -job.task.priority)  # (stable: newest first)
+    return jobs
 
 
 def _excess(link: Link) -> int:

@@ -52,7 +52,8 @@ class Reports:
         self._write(messages.Linked(str(info.uid)))
 
     def stats(self, telemetry: Telemetry, router: Router) -> None:
-        self._write(messages.Stats(telemetry.report(router.links, router.queued)))
+        report = telemetry.report(router.links, router.queue.by_priority())
+        self._write(messages.Stats(report))
 
     def _write(self, report: messages.Report) -> None:
         if self._writer is not None:

@@ -198,9 +198,10 @@ class Telemetry:
             }
         )
 
-    def report(self, links: dict[Any, Link], queued: int) -> dict[str, Any]:
-        """What happened since the last report, and the totals; starts the
-        next report's stream and failures afresh."""
+    def report(self, links: dict[Any, Link], queued: dict[int, int]) -> dict[str, Any]:
+        """What happened since the last report, and the totals (what waits
+        in the queue, by priority: ``queued``); starts the next report's
+        stream and failures afresh."""
         running = sum(
             1
             for link in links.values()
@@ -219,7 +220,8 @@ class Telemetry:
         report = {
             "t": time.time() * 1e3,
             "since": self.since,
-            "queued": queued,
+            "queued": sum(queued.values()),
+            "queued_by_priority": {str(p): n for p, n in queued.items()},
             "running": running,
             "outcomes": dict(self.outcomes),
             "buckets": list(self.buckets),

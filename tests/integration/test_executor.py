@@ -108,7 +108,7 @@ def test_a_future_stays_pending_and_cancellable_until_a_worker_takes_it(
     assert not any(f.running() or f.done() for f in waiting)
     assert all(f.cancel() for f in waiting)
     assert not any(f.cancel() for f in running)
-    wait_until(lambda: _queued(executor.namespace) == TAKEN)  # (withdrawn)
+    assert _queued(executor.namespace) == TAKEN  # (each withdrawn, as it said)
     gate.open()
     assert [f.result(timeout=30) for f in running] == list(range(TAKEN))
     assert all(f.cancelled() for f in waiting)
@@ -119,14 +119,14 @@ def test_shutdown_cancel_futures_cancels_only_what_no_worker_has(
     executor: Client, gate: Gate
 ) -> None:
     """shutdown(wait=False, cancel_futures=True) cancels the pending futures
-    at once; the running ones finish with their results."""
+    before it returns, for certain: the gate opens at once, and none of them
+    runs; the running ones finish with their results.
+
+    Regression: the futures said cancelled before the workers that held
+    some had withdrawn them (the test waited for that to open the gate)."""
     futures = _saturate(executor, gate, TAKEN + 5)
     executor.shutdown(wait=False, cancel_futures=True)
     assert [f.cancelled() for f in futures] == [False] * TAKEN + [True] * 5
-    # The cancels travel to the dispatcher and on to the workers holding
-    # some; a slot freed before they arrive could still start one of those
-    # tasks (the README says so): the gate opens once they are withdrawn.
-    wait_until(lambda: _queued(executor.namespace) == TAKEN)
     gate.open()
     assert [f.result(timeout=30) for f in futures[:TAKEN]] == list(range(TAKEN))
     assert gate.ran() == list(range(TAKEN))

@@ -116,25 +116,19 @@ def test_an_exception_cancels_what_no_worker_started(
         parallel(calls)
     cause = "".join(traceback.format_exception(raised.value.__cause__))
     assert "in fails_first" in cause
-    # The cancels travel on to the workers that hold calls unstarted: open
-    # the gate once the dispatcher holds nothing but the calls that began
-    # (else a worker freed by the gate may start a held call first).
-    wait_until(lambda: _holds_only(client, len(list(ran.glob("start-*")))))
-    began = len(list(ran.glob("start-*")))
+    # Once Parallel raised, every call no worker had started is withdrawn
+    # (each cancel waited for the pool's word): the dispatcher holds only
+    # the calls that started, and each of those leaves its start file.
+    view = dispatcher_view(Locator(client.namespace))
+    assert view is not None and view.queued == 0
+    began = sum(view.in_flight.values())
+    wait_until(lambda: len(list(ran.glob("start-*"))) == began)
     gate.touch()
     assert list(client.map(abs, range(-8, 0), chunksize=1)) == list(range(8, 0, -1))
     # 3 workers had started a call, and the one whose call failed may have
     # started one more before the cancel came; none started after it.
     assert began <= 4
     assert len(list(ran.glob("start-*"))) == began
-
-
-def _holds_only(client: Client, running: int) -> bool:
-    """Whether the pool's dispatcher queues nothing and its workers hold
-    only ``running`` tasks (no withdrawal is left unanswered)."""
-    view = dispatcher_view(Locator(client.namespace))
-    assert view is not None
-    return view.queued == 0 and sum(view.in_flight.values()) == running
 
 
 def test_a_worker_killed_mid_parallel_loses_no_call(

@@ -160,6 +160,12 @@ class _Heard:
     def resolve(self, result: Result) -> None:
         self.results.append(result)
 
+    def withdrawn(self) -> bool:
+        return False  # (nothing is cancelled here)
+
+    def undecided(self) -> None:
+        pass
+
 
 def _held(task_id: int) -> Result:
     data = Data(transfer=Transfer(token=b"t%d" % task_id, size=3, source="w"))

@@ -14,7 +14,7 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from discovery import WorkerInfo, list_workers
-from pool import Client, Pool, TaskTimeout
+from pool import Client, Pool
 from tests.support import sample_tasks
 from tests.support.helpers import wait_until
 from tests.support.rpc import call, worker_stub
@@ -22,6 +22,8 @@ from workers.protocol import auth
 from workers.protocol.worker_pb2 import Task, TaskBatch
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(90)]
+
+GATED = "tests.support.sample_tasks:gated"
 
 
 def _only_worker(namespace: str) -> WorkerInfo:
@@ -108,32 +110,31 @@ def test_a_hanging_import_does_not_hold_up_the_worker(import_gate: Path) -> None
         assert slow.result(timeout=30) == 3
 
 
-def test_threads_held_by_timed_out_tasks_count_and_a_stuck_worker_is_replaced(
+def test_a_thread_a_hang_up_left_running_counts_stuck_and_its_worker_is_replaced(
     tmp_path: Path,
 ) -> None:
-    """A plain task over its time limit fails with TaskTimeout at once, but
-    its thread stays busy: the worker advertises that much less capacity
-    and counts it running. With every thread held it reports "stuck", hands
-    nothing more to itself, and the supervisor replaces it after the grace
-    period; the pool serves again."""
+    """A caller hangs up on a worker while a plain call of its runs, with no
+    time limit to end it: the thread runs on, and the worker advertises that
+    much less capacity and counts it running and stuck; with every thread so
+    held it reports "stuck", and the supervisor replaces it after
+    stuck_grace_s; the pool serves again."""
     gate = str(tmp_path / "gate")
     try:
         embedded = Pool(workers=1, concurrency=2, stuck_grace_s=0.5)
-        with embedded as client:
+        with embedded as client, worker_stub(client.namespace) as (stub, metadata):
             first = _only_worker(client.namespace)
             assert first.capacity == 2  # its 2 threads
-            with Client(client.namespace, task_timeout_s=0.2) as timed:
-                with pytest.raises(TaskTimeout, match=r"ran over its 0\.2 s"):
-                    timed.submit(sample_tasks.gated, gate, 1).result(timeout=30)
-                wait_until(lambda: _only_worker(client.namespace).capacity == 1)
-                held = _only_worker(client.namespace)
-                assert (held.status, held.extra["stuck"], held.extra["running"]) == (
-                    "ready",
-                    "1",
-                    "1",
-                )
-                with pytest.raises(TaskTimeout):
-                    timed.submit(sample_tasks.gated, gate, 2).result(timeout=30)
+            for held in (1, 2):
+                requests: queue.SimpleQueue[TaskBatch | None] = queue.SimpleQueue()
+                task = Task(id=1, function=GATED, args=call(gate, held))
+                requests.put(TaskBatch(tasks=[task]))
+                run = stub.Run(iter(requests.get, None), metadata=metadata)
+                assert list(next(run).started) == [1]
+                run.cancel()
+                if held == 1:
+                    wait_until(lambda: _only_worker(client.namespace).capacity == 1)
+                    worker = _only_worker(client.namespace)
+                    assert (worker.status, worker.extra["stuck"]) == ("ready", "1")
             wait_until(
                 lambda: (
                     [w.pid for w in list_workers(client.namespace)]

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import pickle
+import time
 import uuid
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
@@ -16,6 +17,7 @@ from discovery import DiscoveryEvent, WorkerInfo
 from pool.dispatcher.jobs import Job, Link, LinkEvents
 from pool.dispatcher.placement import Router
 from workers.protocol import codec
+from workers.protocol.stream import Withdraw
 from workers.protocol.worker_pb2 import Chunk, FetchRequest, Result, Task
 
 
@@ -28,6 +30,8 @@ class FakeLink(Link):
         self.written: list[Job] = []  # what reached the worker
         self.unwritten: list[Job] = []  # sent, not yet written
         self.cancels: list[int] = []
+        self.stops: list[int] = []
+        self.abandons: list[int] = []
         self.ahead = 0  # what it may hold past its slots
         self._ended = asyncio.Event()
 
@@ -55,8 +59,10 @@ class FakeLink(Link):
         self.in_flight.remove(job.task.id)
         return True
 
-    def cancel(self, task_id: int) -> None:
-        self.cancels.append(task_id)
+    def cancel(self, task_id: int, kind: Withdraw = "cancel") -> None:
+        {"cancel": self.cancels, "stop": self.stops, "abandon": self.abandons}[
+            kind
+        ].append(task_id)
 
     async def run(self) -> None:
         self.router.on_connected(self)  # (ready from the start, as its stream)
@@ -75,6 +81,8 @@ class FakeLink(Link):
 
     def write(self) -> list[Job]:
         """The sent tasks reach the worker."""
+        for job in self.unwritten:
+            job.sent_at = time.monotonic()
         self.written += self.unwritten
         written, self.unwritten = self.unwritten, []
         return written
@@ -152,9 +160,12 @@ class World:
     def link(self, name: str) -> FakeLink:
         return self._links[self.infos[name].uid]
 
-    def submit(self, tags: tuple[str, ...] = ()) -> Job:
+    def submit(
+        self, tags: tuple[str, ...] = (), priority: int = 0, timeout_s: float = 0.0
+    ) -> Job:
         self._next_id += 1
-        job = Job(Task(function="m:f"), frozenset(tags), self.owner, self._next_id)
+        task = Task(function="m:f", priority=priority, timeout_s=timeout_s)
+        job = Job(task, frozenset(tags), self.owner, self._next_id)
         self.router.submit(job)
         self.router.pump()
         return job

@@ -274,3 +274,41 @@ def read_to_eof(settings: HoldFd) -> int:
     while os.read(settings.fd, 4096):
         pass
     return 0
+
+
+def spin(pids: str) -> None:
+    """Note this process's pid (a line appended to the file ``pids``), then
+    spin for ever: only ending the process stops it."""
+    with open(pids, "a") as out:
+        out.write(f"{os.getpid()}\n")
+    while True:
+        pass
+
+
+def flaky(counter: str, fails: int, value: int) -> int:
+    """Count this call in the file ``counter``; raise ConnectionError the
+    first ``fails`` times, then return ``value``."""
+    calls = 0
+    if os.path.exists(counter):
+        with open(counter) as seen:
+            calls = int(seen.read())
+    with open(counter, "w") as out:
+        out.write(str(calls + 1))
+    if calls < fails:
+        raise ConnectionError(f"call {calls + 1} failed")
+    return value
+
+
+def started_log(log: str, name: str) -> str:
+    """Note ``name`` (a line appended to the file ``log``) as it starts."""
+    with open(log, "a") as out:
+        out.write(f"{name}\n")
+    return name
+
+
+def hold_gil(pids: str) -> int:
+    """Note this process's pid in the file ``pids``, then hold the GIL for
+    hours (one C loop): the worker's own loop cannot run meanwhile."""
+    with open(pids, "a") as out:
+        out.write(f"{os.getpid()}\n")
+    return sum(range(10**13))

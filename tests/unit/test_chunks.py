@@ -64,7 +64,7 @@ def test_a_map_of_a_callable_timed_before_skips_the_probes() -> None:
     """A chunk of many calls times a call of its callable; a later adaptive
     map of it is cut into chunks by that time at once, with no probe, and
     still covers every call in order. A probe's lone call times nothing."""
-    submissions = Submissions((), None)
+    submissions = Submissions()
     ref = submissions.reference(sample_tasks.square)
     assert submissions.per_call_s(ref) is None
     submissions.timed(ref, codec.ChunkResult(1.0, [0], {}))  # a probe

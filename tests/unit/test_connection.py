@@ -79,6 +79,12 @@ class Heard:
     def resolve(self, result: Result) -> None:
         self.result.set_result(result)
 
+    def withdrawn(self) -> bool:
+        return False  # (nothing is cancelled here)
+
+    def undecided(self) -> None:
+        pass
+
     async def outcome(self) -> Any:
         """The task's value, or the exception its failure carries."""
         result = await self.result

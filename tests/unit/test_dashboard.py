@@ -57,13 +57,13 @@ def test_a_fast_stream_of_tasks_is_few_bars() -> None:
     worker = make_info()
     for _ in range(10_000):
         t.finished(_job(), _ok(5), worker)
-    report = t.report({}, 0)
+    report = t.report({}, {})
     bars = [bar for lane in report["lanes"] for bar in lane["bars"]]
     assert sum(bar[3] for bar in bars) == 10_000
     assert len(bars) < 100
     assert report["outcomes"]["ok"] == 10_000
     assert sum(report["buckets"]) == 10_000
-    assert t.report({}, 0)["lanes"] == []  # (each report starts afresh)
+    assert t.report({}, {})["lanes"] == []  # (each report starts afresh)
 
 
 def test_a_report_holds_at_most_max_bars(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -77,7 +77,7 @@ def test_a_report_holds_at_most_max_bars(monkeypatch: pytest.MonkeyPatch) -> Non
         t.finished(
             _job(f"m:f{i % 3}"), failed if i % 2 else _ok(3, i % 2), workers[i % 4]
         )
-    report = t.report({}, 0)
+    report = t.report({}, {})
     bars = [bar for lane in report["lanes"] for bar in lane["bars"]]
     assert len(bars) <= telemetry.MAX_BARS
     assert sum(bar[3] for bar in bars) == 20_000
@@ -260,11 +260,11 @@ def test_a_map_is_a_row_of_its_calls_done_until_a_while_after_its_end() -> None:
         Result(id=9, failure=codec.cancelled()),
         worker,
     )
-    report = meter.report({}, 0)
+    report = meter.report({}, {})
     assert report["maps"] == [
         {"id": "c/1", "label": "m:f", "done": 25, "failed": 5, "total": 30}
     ]
-    assert meter.report({}, 0)["maps"] == []
+    assert meter.report({}, {})["maps"] == []
     board = Board("ns")
     board.stats(_report(0, t=1000.0, maps=report["maps"]))
     assert board.take_changes()["maps"]["c/1"]["done"] == 25  # type: ignore[index]

@@ -12,7 +12,8 @@ import pytest
 from discovery import DiscoveryEvent, WorkerInfo
 from pool import NoWorkerAvailable, PoolStopping, WorkerLost
 from pool.dispatcher.jobs import LinkEvents
-from pool.dispatcher.placement import MAX_UNTAKEN_LOSSES, Router
+from pool.dispatcher.losses import MAX_UNTAKEN_LOSSES
+from pool.dispatcher.placement import Router
 from tests.support.routing import (
     FakeLink,
     settle,

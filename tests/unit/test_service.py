@@ -22,6 +22,8 @@ from workers.service import WorkerService
 
 pytestmark = pytest.mark.timeout(30)
 GATED = "tests.support.sample_tasks:gated"
+ASYNC_UNTIL_CANCELLED = "tests.support.sample_tasks:async_until_cancelled"
+ASYNC_DOUBLE = "tests.support.sample_tasks:async_double"
 
 
 class Stream:
@@ -223,3 +225,44 @@ async def test_a_stream_that_hangs_up_is_held_for_no_longer(tmp_path: Path) -> N
             second.call.cancel()
             await first.until(lambda: first.others[-1:] == [0])
             reading.cancel()
+
+
+async def test_a_running_coroutine_runs_on_through_a_cancel_and_stops_for_an_abandon(
+    tmp_path: Path,
+) -> None:
+    """A cancel leaves a started coroutine to run (its start was reported:
+    the client's no); an abandon (its caller is gone) cancels it there, and
+    its one answer is CANCELLED; the worker serves on."""
+    started, cancelled, done = (str(tmp_path / n) for n in ("s", "c", "d"))
+    until_cancelled = Task(
+        id=1, function=ASYNC_UNTIL_CANCELLED, args=call(started, cancelled, done)
+    )
+    async with worker(tmp_path) as (stream, _):
+        await stream.send(until_cancelled)
+        await stream.until(lambda: 1 in stream.started)
+        await stream.call.write(TaskBatch(cancel=[1]))
+        await stream.send(Task(id=2, function=SQUARE, args=call(5)))
+        await stream.until(lambda: 2 in stream.results)
+        assert 1 not in stream.results
+        await stream.call.write(TaskBatch(abandon=[1]))
+        await stream.until(lambda: 1 in stream.results)
+        assert status(stream.results[1][0]) == grpc.StatusCode.CANCELLED
+        assert len(stream.results[1]) == 1 and (tmp_path / "c").exists()
+
+
+async def test_held_tasks_of_a_higher_priority_start_first(tmp_path: Path) -> None:
+    """Among the tasks a worker holds for its slot, a higher priority starts
+    first; equal ones in the order they came."""
+    log = tmp_path / "log"
+    async with worker(tmp_path) as (stream, gate):
+        await stream.send(logged(1, gate, log))
+        await stream.until(lambda: stream.started == [1])
+        held = [logged(i, gate, log) for i in range(2, 5)]
+        held[2].priority = 5  # (4 came last, and starts first of those held)
+        await stream.send(*held)
+        # A coroutine's answer comes once the batch before it was taken.
+        await stream.send(Task(id=9, function=ASYNC_DOUBLE, args=call(1)))
+        await stream.until(lambda: 9 in stream.results)
+        gate.touch()
+        await stream.until(lambda: len(stream.results) == 5)
+    assert [i for i in stream.started if i != 9] == [1, 4, 2, 3]

@@ -136,7 +136,7 @@ def test_values_plain_pickle_refuses_fall_back_to_cloudpickle() -> None:
 def test_a_client_stream_carries_a_function_once() -> None:
     """50 submissions of one lambda: its bytes go out with the first only,
     and again once on a new stream (after a reconnect)."""
-    submissions = Submissions((), None)
+    submissions = Submissions()
     ledger = Ledger()
     ref = submissions.reference(lambda x: x + 1)
     assert ref.by_value
@@ -165,6 +165,12 @@ class _Ignore:
         pass
 
     def resolve(self, result: object) -> None:
+        pass
+
+    def withdrawn(self) -> bool:
+        return False  # (nothing is cancelled here)
+
+    def undecided(self) -> None:
         pass
 
 

@@ -11,7 +11,7 @@ import grpc
 import pytest
 
 from workers.protocol import codec
-from workers.protocol.stream import MAX_BATCH_TASKS, Incoming, Outgoing
+from workers.protocol.stream import MAX_BATCH_TASKS, Cancels, Incoming, Outgoing
 from workers.protocol.worker_pb2 import Result, Task
 
 pytestmark = pytest.mark.timeout(10)
@@ -34,7 +34,7 @@ def written(outgoing: Outgoing[Task]) -> tuple[list[Task], list[int]]:
     cancels: list[int] = []
     for part, part_cancels in outgoing.take():
         tasks += [Task.FromString(t.SerializeToString()) for t in part]
-        cancels += part_cancels
+        cancels += part_cancels.cancel
     return tasks, cancels
 
 
@@ -73,8 +73,13 @@ async def test_tasks_go_in_order_in_bounded_messages_with_cancels_first() -> Non
         sender.add(named(i))
     assert sender.withdraw(3) and not sender.withdraw(3)
     sender.cancel(99)
+    sender.cancel(98, "stop")
+    sender.cancel(97, "abandon")
     parts = [(len(tasks), cancels) for tasks, cancels in sender.take()]
-    assert parts == [(MAX_BATCH_TASKS, [99]), (count - 1 - MAX_BATCH_TASKS, [])]
+    assert parts == [
+        (MAX_BATCH_TASKS, Cancels([99], [97], [98])),
+        (count - 1 - MAX_BATCH_TASKS, Cancels.none()),
+    ]
     assert not sender
 
 

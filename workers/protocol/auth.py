@@ -31,7 +31,7 @@ METADATA_KEY: Final = "authorization"
 PROTOCOL_KEY: Final = "shmpool-protocol"
 # The wire contract's version: the `v1` of the proto packages. Bump both
 # together on any change a peer of the old version would misread.
-PROTOCOL_VERSION: Final = "4"
+PROTOCOL_VERSION: Final = "5"
 TOKEN_FILE: Final = "token"
 TOKEN_ENV: Final = "SHMPOOL_TOKEN"
 MIN_TOKEN_CHARS: Final = 32

@@ -77,10 +77,10 @@ class TaskIdReused(BadTask):
 
 
 class TaskTimeout(Facts, TaskError, TimeoutError):
-    """The task ran over its time limit (``task_timeout_s``).
-
-    A coroutine task is cancelled; a plain function cannot be interrupted,
-    so its thread stays busy (and counted so) until the call returns.
+    """The task ran over its time limit (``task_timeout_s``), and was
+    stopped: a coroutine task is cancelled; a plain function, which no
+    thread can interrupt, is stopped by ending its worker (its supervisor
+    starts another).
     """
 
     status: ClassVar[grpc.StatusCode] = grpc.StatusCode.DEADLINE_EXCEEDED

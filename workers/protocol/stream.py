@@ -8,9 +8,12 @@ with the same halves at each end::
     dispatcher WorkerLink ── Outgoing ──> Incoming ── worker Run stream
 
 :class:`Outgoing`, the sending half: what is still to be written, in order
-(tasks, then cancels), handed out as messages of at most
-:data:`MAX_BATCH_TASKS` tasks and about :data:`MAX_BATCH_BYTES`; a task
-carries its function's pickle only if the receiver does not hold it (the stream's
+(tasks, and the cancels of tasks written before, by kind:
+:data:`Withdraw`), handed out as messages of at most
+:data:`MAX_BATCH_TASKS` tasks and about :data:`MAX_BATCH_BYTES`, each
+taken out only when it is written (what waits behind gRPC's flow control
+can still be withdrawn); a task carries its function's pickle only if
+the receiver does not hold it (the stream's
 :class:`~workers.protocol.shipping.StreamCache`, empty again on a new
 stream). What was sent and not answered, and so what to send again on a
 reconnect, is its owner's ledger (the client's
@@ -34,8 +37,9 @@ ready joins the message), one copy of each task into the batch. See
 from __future__ import annotations
 
 import asyncio
+import itertools
 from collections.abc import Awaitable, Callable, Coroutine, Generator
-from typing import Any, Final, Generic, TypeVar
+from typing import Any, Final, Generic, Literal, NamedTuple, TypeVar, get_args
 
 from workers.protocol import codec, outbox, shipping
 from workers.protocol.errors import BadTask
@@ -43,12 +47,38 @@ from workers.protocol.outbox import Outbox
 from workers.protocol.worker_pb2 import Failure, Result, ResultBatch, Task
 
 MAX_BATCH_TASKS: Final = 4096  # tasks per message
+# Tasks a client writes on a stream and has not had answered, at most: as
+# many as its dispatcher reads (pool.dispatcher.service), so that the rest
+# waits in the client, where a cancel withdraws it for certain, rather than
+# in gRPC's buffers on the way.
+MAX_UNANSWERED: Final = 10_000
 # Bytes per message, about: with one task of up to codec.MAX_ARGS_LIMIT
 # more, a message stays under gRPC's limit.
 MAX_BATCH_BYTES: Final = outbox.MAX_BATCH_BYTES
 
 Item = TypeVar("Item")  # what is written: a Task, or a Submission holding one
 Entry = TypeVar("Entry")  # what a receiver keeps of a task it took
+
+
+# How a task is asked back (``TaskBatch`` says what each does): ``cancel``
+# if not started; ``abandon`` (its caller is gone) also a running
+# coroutine; ``stop`` whatever its state. The latter asks more.
+Withdraw = Literal["cancel", "abandon", "stop"]
+WITHDRAWS: Final[tuple[Withdraw, ...]] = get_args(Withdraw)
+STRENGTH: Final[dict[str | None, int]] = {None: 0, "cancel": 1, "abandon": 2, "stop": 3}
+
+
+class Cancels(NamedTuple):
+    """The ids a message asks the receiver to withdraw, by kind (the fields
+    of the same names of ``TaskBatch`` and ``SubmissionBatch``)."""
+
+    cancel: list[int]
+    abandon: list[int]
+    stop: list[int]
+
+    @classmethod
+    def none(cls) -> Cancels:
+        return cls([], [], [])
 
 
 class Outgoing(Generic[Item]):
@@ -62,14 +92,25 @@ class Outgoing(Generic[Item]):
     ) -> None:
         self._task_of = task_of
         self._items: dict[int, tuple[Item, bytes]] = {}  # by task id, in order
-        self._bytes = 0  # of the items' arguments and functions, at most
-        self._cancels: list[int] = []
+        self._bytes = 0  # of the items' arguments and functions
+        self._cancels = Cancels.none()
         self._shipped = shipping.StreamCache()
         # Set when there is something to write (the owner may share it).
         self.wake = wake if wake is not None else asyncio.Event()
 
     def __bool__(self) -> bool:
-        return bool(self._items or self._cancels)
+        return bool(self._items or any(self._cancels))
+
+    @property
+    def unwritten(self) -> int:
+        """Tasks still to be written."""
+        return len(self._items)
+
+    def _writable(self, room: Callable[[], int] | None) -> bool:
+        """Whether a part may be written now: cancels, or tasks and room."""
+        if any(self._cancels):
+            return True
+        return bool(self._items) and (room is None or room() > 0)
 
     def new_stream(self) -> None:
         """A new stream starts: the receiver holds no function of ours."""
@@ -79,35 +120,46 @@ class Outgoing(Generic[Item]):
         """Write ``item`` next; ``code`` is its function's pickle if it
         ships one (:mod:`workers.protocol.shipping`)."""
         task = self._task_of(item)
+        if (old := self._items.get(task.id)) is not None:  # (sent again)
+            self._bytes -= self._size(old)
         self._items[task.id] = (item, code)
         self._bytes += len(task.args) + len(code)
         self.wake.set()
 
     def withdraw(self, task_id: int) -> bool:
         """Take back a task not written yet; whether it was there."""
-        return self._items.pop(task_id, None) is not None
+        entry = self._items.pop(task_id, None)
+        if entry is None:
+            return False
+        self._bytes -= self._size(entry)
+        return True
 
-    def cancel(self, task_id: int) -> None:
-        """Ask the receiver to cancel a task it was sent."""
-        self._cancels.append(task_id)
+    def cancel(self, task_id: int, kind: Withdraw = "cancel") -> None:
+        """Ask the receiver to withdraw a task it was sent (see
+        :data:`Withdraw`)."""
+        getattr(self._cancels, kind).append(task_id)
         self.wake.set()
 
     def clear(self) -> None:
-        self._items, self._cancels, self._bytes = {}, [], 0
+        self._items, self._cancels, self._bytes = {}, Cancels.none(), 0
 
-    def take(self) -> Generator[tuple[list[Item], list[int]], None, None]:
-        """What is to be written: parts of at most :data:`MAX_BATCH_TASKS`
-        items and about :data:`MAX_BATCH_BYTES` (the cancels with the
-        first), each task carrying its function's pickle where the receiver
-        needs it. Make each part's message before the next is taken: the
-        pickle is cleared from the item then (the message holds its own
-        copy)."""
-        items, self._items = list(self._items.values()), {}
-        cancels, self._cancels = self._cancels, []
-        size, self._bytes = self._bytes, 0
-        for part in (
-            self._parts(items) if size > MAX_BATCH_BYTES else self._counted(items)
-        ):
+    def take(
+        self, room: Callable[[], int] | None = None
+    ) -> Generator[tuple[list[Item], Cancels], None, None]:
+        """What is to be written, a part (a message) at a time, each taken
+        out only once the one before is written, so that what waits behind
+        a slow write (gRPC flow control) can still be withdrawn: at most
+        :data:`MAX_BATCH_TASKS` items and about :data:`MAX_BATCH_BYTES`
+        (unless one item alone is larger: it fits a message,
+        :func:`~workers.protocol.codec.check_call_size`), with the cancels
+        asked since the part before, until nothing is left. Each task
+        carries its function's pickle where the receiver needs it; make each
+        part's message before the next is taken: the pickle is cleared from
+        the item then (the message holds its own copy). ``room``: how many
+        tasks may be written now (no more are taken; None: no bound)."""
+        while self._writable(room):
+            part = self._next_part(MAX_BATCH_TASKS if room is None else room())
+            cancels, self._cancels = self._cancels, Cancels.none()
             carrying = [(self._task_of(item), code) for item, code in part if code]
             for task, code in carrying:
                 task.code = self._shipped.outgoing(task.digest, code)
@@ -116,52 +168,49 @@ class Outgoing(Generic[Item]):
             finally:
                 for task, _ in carrying:
                     task.ClearField("code")
-            cancels = []
 
-    @staticmethod
-    def _counted(
-        items: list[tuple[Item, bytes]],
-    ) -> Generator[list[tuple[Item, bytes]], None, None]:
-        """``items`` cut into parts of at most :data:`MAX_BATCH_TASKS` (one,
-        empty, for cancels alone)."""
-        for start in range(0, max(len(items), 1), MAX_BATCH_TASKS):
-            yield items[start : start + MAX_BATCH_TASKS]
+    def _next_part(self, room: int) -> list[tuple[Item, bytes]]:
+        """The next part's items, at most ``room``, taken out (all of them,
+        in the common case where they fit one message)."""
+        items, most = self._items, max(0, min(room, MAX_BATCH_TASKS))
+        part: list[tuple[Item, bytes]]
+        if len(items) <= most and self._bytes <= MAX_BATCH_BYTES:
+            part, self._items, self._bytes = list(items.values()), {}, 0
+            return part
+        part, size = [], 0
+        for task_id in list(itertools.islice(items, most)):
+            entry = items[task_id]
+            entry_size = self._size(entry)
+            if part and size + entry_size > MAX_BATCH_BYTES:
+                break
+            del items[task_id]
+            part.append(entry)
+            size += entry_size
+        self._bytes -= size
+        return part
 
-    def _parts(
-        self, items: list[tuple[Item, bytes]]
-    ) -> Generator[list[tuple[Item, bytes]], None, None]:
-        """``items`` cut into parts of at most :data:`MAX_BATCH_TASKS`, and
-        of :data:`MAX_BATCH_BYTES` unless one item alone is larger (it fits
-        a message: :func:`~workers.protocol.codec.check_call_size`)."""
-        part: list[tuple[Item, bytes]] = []
-        size = 0
-        for item, code in items:
-            item_size = len(self._task_of(item).args) + len(code)
-            if part and (
-                len(part) == MAX_BATCH_TASKS or size + item_size > MAX_BATCH_BYTES
-            ):
-                yield part
-                part, size = [], 0
-            part.append((item, code))
-            size += item_size
-        yield part  # (the last, or an empty one for cancels alone)
+    def _size(self, entry: tuple[Item, bytes]) -> int:
+        return len(self._task_of(entry[0]).args) + len(entry[1])
 
     async def write_all(
         self,
-        write: Callable[[list[Item], list[int]], Awaitable[bool]],
+        write: Callable[[list[Item], Cancels], Awaitable[bool]],
         done: Callable[[], bool] = lambda: False,
+        room: Callable[[], int] | None = None,
     ) -> None:
-        """Write what comes, as it comes, until ``write`` says the stream is
-        gone (False) or ``done()`` holds with nothing left to write."""
+        """Write what comes, as it comes (no more tasks at once than
+        ``room()`` says, if given: :meth:`wake` is then set when it grows),
+        until ``write`` says the stream is gone (False) or ``done()`` holds
+        with nothing left to write."""
         while True:
-            if not self:
-                if done():
+            if not self._writable(room):
+                if not self and done():
                     return
                 self.wake.clear()
                 await self.wake.wait()
                 await asyncio.sleep(0)  # what else is ready joins the message
                 continue
-            parts = self.take()
+            parts = self.take(room)
             try:
                 for items, cancels in parts:
                     if not await write(items, cancels):

@@ -95,7 +95,7 @@ class Home(_message.Message):
     def __init__(self, host: _Optional[str] = ..., owner: _Optional[str] = ..., tag: _Optional[int] = ..., lend: _Optional[_Union[Segment, _Mapping]] = ...) -> None: ...
 
 class Task(_message.Message):
-    __slots__ = ("id", "function", "args", "timeout_s", "attempt", "digest", "code", "chunk", "label", "data", "home", "map")
+    __slots__ = ("id", "function", "args", "timeout_s", "attempt", "digest", "code", "chunk", "label", "data", "home", "map", "priority", "retries", "retry_on")
     ID_FIELD_NUMBER: _ClassVar[int]
     FUNCTION_FIELD_NUMBER: _ClassVar[int]
     ARGS_FIELD_NUMBER: _ClassVar[int]
@@ -108,6 +108,9 @@ class Task(_message.Message):
     DATA_FIELD_NUMBER: _ClassVar[int]
     HOME_FIELD_NUMBER: _ClassVar[int]
     MAP_FIELD_NUMBER: _ClassVar[int]
+    PRIORITY_FIELD_NUMBER: _ClassVar[int]
+    RETRIES_FIELD_NUMBER: _ClassVar[int]
+    RETRY_ON_FIELD_NUMBER: _ClassVar[int]
     id: int
     function: str
     args: bytes
@@ -120,7 +123,10 @@ class Task(_message.Message):
     data: Data
     home: Home
     map: MapPart
-    def __init__(self, id: _Optional[int] = ..., function: _Optional[str] = ..., args: _Optional[bytes] = ..., timeout_s: _Optional[float] = ..., attempt: _Optional[int] = ..., digest: _Optional[bytes] = ..., code: _Optional[bytes] = ..., chunk: _Optional[bool] = ..., label: _Optional[str] = ..., data: _Optional[_Union[Data, _Mapping]] = ..., home: _Optional[_Union[Home, _Mapping]] = ..., map: _Optional[_Union[MapPart, _Mapping]] = ...) -> None: ...
+    priority: int
+    retries: int
+    retry_on: bytes
+    def __init__(self, id: _Optional[int] = ..., function: _Optional[str] = ..., args: _Optional[bytes] = ..., timeout_s: _Optional[float] = ..., attempt: _Optional[int] = ..., digest: _Optional[bytes] = ..., code: _Optional[bytes] = ..., chunk: _Optional[bool] = ..., label: _Optional[str] = ..., data: _Optional[_Union[Data, _Mapping]] = ..., home: _Optional[_Union[Home, _Mapping]] = ..., map: _Optional[_Union[MapPart, _Mapping]] = ..., priority: _Optional[int] = ..., retries: _Optional[int] = ..., retry_on: _Optional[bytes] = ...) -> None: ...
 
 class MapPart(_message.Message):
     __slots__ = ("id", "calls", "total")
@@ -163,12 +169,16 @@ class Result(_message.Message):
     def __init__(self, id: _Optional[int] = ..., value: _Optional[bytes] = ..., failure: _Optional[_Union[Failure, _Mapping]] = ..., data: _Optional[_Union[Data, _Mapping]] = ..., run_us: _Optional[int] = ..., slot: _Optional[int] = ...) -> None: ...
 
 class TaskBatch(_message.Message):
-    __slots__ = ("tasks", "cancel")
+    __slots__ = ("tasks", "cancel", "stop", "abandon")
     TASKS_FIELD_NUMBER: _ClassVar[int]
     CANCEL_FIELD_NUMBER: _ClassVar[int]
+    STOP_FIELD_NUMBER: _ClassVar[int]
+    ABANDON_FIELD_NUMBER: _ClassVar[int]
     tasks: _containers.RepeatedCompositeFieldContainer[Task]
     cancel: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, tasks: _Optional[_Iterable[_Union[Task, _Mapping]]] = ..., cancel: _Optional[_Iterable[int]] = ...) -> None: ...
+    stop: _containers.RepeatedScalarFieldContainer[int]
+    abandon: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, tasks: _Optional[_Iterable[_Union[Task, _Mapping]]] = ..., cancel: _Optional[_Iterable[int]] = ..., stop: _Optional[_Iterable[int]] = ..., abandon: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class ResultBatch(_message.Message):
     __slots__ = ("results", "started", "pace_us", "wants", "others")

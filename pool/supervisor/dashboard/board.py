@@ -85,6 +85,7 @@ class Board:
         self.lanes: dict[str, dict[str, Any]] = {}  # lane key -> uid, pid, slot
         self.maps: dict[str, dict[str, Any]] = {}  # map id -> its row
         self.queued: int | None = None
+        self.queued_by_priority: dict[str, int] = {}  # (when priorities differ)
         # Every dispatcher of a pool on Redis (:mod:`.dispatchers`); None:
         # this pool has only its own.
         self.dispatcher_rows: list[dict[str, Any]] | None = None
@@ -156,6 +157,7 @@ class Board:
     def stats(self, report: dict[str, Any]) -> None:
         """A report of :class:`~pool.dispatcher.telemetry.Telemetry`."""
         self.queued, self.running = int(report["queued"]), int(report["running"])
+        self.queued_by_priority = dict(report.get("queued_by_priority", {}))
         self._totals(report)
         labels = [self._label(name) for name in report["labels"]]
         for lane in report["lanes"]:
@@ -232,6 +234,7 @@ class Board:
             "workers": by_status,
             "rate": rate,
             "queued": self.queued,
+            "queued_by_priority": self.queued_by_priority,
             "running": self.running,
             "outcomes": self.outcomes,
             "restarts": self.restarts,

@@ -96,6 +96,11 @@ function renderHeader() {
     ? `workers: ${byStatus.map(([s, n]) => `${n} ${s}`).join(", ")}` : "workers ready";
   $("t-rate").textContent = fmt(h.rate);
   $("t-queued").textContent = fmt(h.queued);
+  const byPriority = Object.entries(h.queued_by_priority || {})
+    .sort(([a], [b]) => Number(b) - Number(a));
+  $("t-queued-by").textContent = byPriority.some(([p]) => p !== "0")
+    ? `queued: ${byPriority.map(([p, n]) => `${fmt(n)} at priority ${p}`).join(", ")}`
+    : "queued";
   $("t-running").textContent = fmt(h.running);
   $("t-ok").textContent = fmt(h.outcomes.ok);
   $("t-error").textContent = fmt(h.outcomes.error);
