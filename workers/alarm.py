@@ -25,6 +25,8 @@ from typing import Final
 
 # How long past a limit the kernel ends a worker whose loop did not.
 BACKSTOP_S: Final = 1.0
+# Limits longer than this (years) are not held: the timer takes no more.
+MAX_LIMIT_S: Final = 1e8
 
 
 class Alarm:
@@ -37,6 +39,8 @@ class Alarm:
 
     def hold(self, key: int, limit_s: float) -> None:
         """A task ``key`` with a limit of ``limit_s`` starts now."""
+        if limit_s > MAX_LIMIT_S:
+            return
         with self._lock:
             self._deadlines[key] = time.monotonic() + limit_s + BACKSTOP_S
             self._set()
