@@ -22,11 +22,16 @@ import queue
 import threading
 import time
 from collections.abc import Callable
+from typing import Final, cast
 
 from workers.alarm import Alarm
 from workers.limits import Limits
 from workers.protocol.worker_pb2 import Result
 from workers.running import Entry, timed
+
+Waiting = tuple[int, int, Entry]  # (-priority, order, entry): least first
+_BEST: Final = object()  # (take the best of the heap)
+_CLOSE: Final = object()  # (the thread ends)
 
 
 class News:
@@ -88,11 +93,14 @@ class SlotThreads:
         self._loop, self._limits = loop, limits
         self._run, self._refuse, self._retire = run, refuse, retire
         self._alarm = alarm
-        # What waits for a thread, best first (under the claim lock), and
-        # one token per entry put (None: a thread is to end).
-        self._waiting: list[tuple[int, int, Entry]] = []
+        # What a thread takes next, in order: an entry (with the order it
+        # came in), or (once a task of another priority than 0 came) a token
+        # for the best of what waits in the heap (under the claim lock);
+        # _CLOSE: a thread is to end.
+        self._queue: queue.SimpleQueue[Waiting | object] = queue.SimpleQueue()
+        self._waiting: list[Waiting] = []
         self._order = itertools.count()
-        self._queue: queue.SimpleQueue[bool | None] = queue.SimpleQueue()
+        self._ordered = False  # a task of another priority came: the heap
         self._threads = [
             threading.Thread(target=self._slot, args=(i,), name=f"task-{i}")
             for i in range(concurrency)
@@ -104,15 +112,28 @@ class SlotThreads:
     def put(self, entry: Entry) -> None:
         """Start ``entry`` once a thread is free, after those put before of
         its priority or higher."""
+        waiting = (-entry.task.priority, next(self._order), entry)
+        if not (self._ordered or entry.task.priority):
+            self._queue.put(waiting)  # (the common case: no heap, no lock)
+            return
+        self._ordered = True
         with self.claim:
-            order = (-entry.task.priority, next(self._order), entry)
-            heapq.heappush(self._waiting, order)
-        self._queue.put(True)
+            heapq.heappush(self._waiting, waiting)
+        self._queue.put(_BEST)
+
+    def _next(self, got: Waiting | object) -> Entry:
+        """The entry a thread starts (under the claim lock), given what it
+        took: the best waiting, or one put before the heap was needed
+        (unless a better one waits there: the heap then keeps it)."""
+        if got is _BEST:
+            return heapq.heappop(self._waiting)[2]
+        came = cast(Waiting, got)
+        return heapq.heappushpop(self._waiting, came)[2] if self._waiting else came[2]
 
     def close(self) -> None:
         """Let each thread end once its current task returns."""
         for _ in self._threads:
-            self._queue.put(None)
+            self._queue.put(_CLOSE)
 
     def _timed_run(self, entry: Entry) -> tuple[Result, float]:
         """Run a started task: its answer, and how long it ran (under the
@@ -129,9 +150,9 @@ class SlotThreads:
 
     def _slot(self, index: int) -> None:
         """A slot thread: start and run plain tasks one after another."""
-        while self._queue.get() is not None:
+        while (got := self._queue.get()) is not _CLOSE:
             with self.claim:
-                entry = heapq.heappop(self._waiting)[2]
+                entry = self._next(got)
                 if entry.answered:
                     continue  # withdrawn, handed back, or its stream ended
                 if not self._limits.take_start():  # retiring: not here

@@ -148,8 +148,9 @@ def _client_main(namespace: str, mode: str) -> None:
         futures: list[concurrent.futures.Future[Any]] = []
         end = time.monotonic() + CLIENT_S
         while time.monotonic() < end:
+            waited = len(futures)
             futures = [f for f in futures if not f.done()]
-            done += in_flight - len(futures) if futures else 0
+            done += waited - len(futures)  # (a whole window may end at once)
             futures += [client.submit(noop) for _ in range(in_flight - len(futures))]
             concurrent.futures.wait(futures, return_when="FIRST_COMPLETED")
         print(done / CLIENT_S, flush=True)
