@@ -10,8 +10,8 @@ Each pool has 2 workers: ours a ``pool.Pool(workers=2)``, pebble's a
 With ``--busy``, a process spins on one core beside it all.
 
 - cancel, in ``--pools`` fresh pools: both workers held by a call that
-  waits for a flag file; 40 calls submitted; 0.5 s later each future's
-  ``cancel()``; then the flag. How many calls whose cancel said True ran
+  waits for a flag file; once both run, 40 calls submitted; 0.5 s later
+  each future's ``cancel()``; then the flag. How many calls whose cancel said True ran
   (all pools), and the fewest cancels that said True in one pool.
 - time limit, medians of ``--runs``: two calls that spin for ever with a
   1 s limit; from their submit to the last ``TimeoutError``; from the
@@ -100,29 +100,32 @@ class Peer:
 
 
 def _cores_used(window_s: float) -> float:
-    """The CPU this process's descendants burn over ``window_s``, in cores."""
+    """The CPU this process's descendants burn over ``window_s``, in cores
+    (those alive at both ends: one that exits meanwhile burns nothing)."""
     before = _descendants_cpu_s()
     time.sleep(window_s)  # (a measuring window, not a wait for an event)
-    return (_descendants_cpu_s() - before) / window_s
+    after = _descendants_cpu_s()
+    burnt = sum(after[pid] - before[pid] for pid in after.keys() & before.keys())
+    return burnt / window_s
 
 
-def _descendants_cpu_s() -> float:
+def _descendants_cpu_s() -> dict[int, float]:
+    """Each descendant's CPU time so far, by pid."""
     parents: dict[int, int] = {}
     times: dict[int, float] = {}
     tick = os.sysconf("SC_CLK_TCK")
     for entry in os.listdir("/proc"):
         if entry.isdigit():
             with contextlib.suppress(OSError, IndexError, ValueError):
-                fields = (
-                    Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()
-                )
+                stat = Path(f"/proc/{entry}/stat").read_text()
+                fields = stat.rsplit(")", 1)[1].split()
                 parents[int(entry)] = int(fields[1])
                 times[int(entry)] = (int(fields[11]) + int(fields[12])) / tick
     mine, frontier = set(), {os.getpid()}
     while frontier:
         frontier = {pid for pid, parent in parents.items() if parent in frontier}
         mine |= frontier
-    return sum(times[pid] for pid in mine)
+    return {pid: times[pid] for pid in mine - _NOT_MEASURED}
 
 
 def cancel_round(kind: str) -> tuple[int, int]:
@@ -132,7 +135,10 @@ def cancel_round(kind: str) -> tuple[int, int]:
         flag = Path(scratch, "flag")
         peer = Peer(kind)
         try:
-            holders = [peer.submit(tasks.wait_for, str(flag)) for _ in range(2)]
+            held = [Path(scratch, f"held-{i}") for i in range(2)]
+            holders = [peer.submit(tasks.wait_for, str(flag), str(h)) for h in held]
+            while not all(h.exists() for h in held):
+                time.sleep(0.005)  # (polls what the holders' workers write)
             marks = [Path(scratch, f"mark-{i}") for i in range(40)]
             futures = [peer.submit(tasks.mark, str(m)) for m in marks]
             time.sleep(0.5)  # (the scenario: cancel half a second later)
@@ -216,7 +222,8 @@ def retry_round(run: int) -> tuple[int, float]:
     a call that succeeds at once)."""
     with Pool(workers=2) as client:
         again = client.options(retries=2, retry_on=ConnectionError)
-        client.submit(tasks.nop).result(timeout=60)
+        for _ in range(2):  # (its module imported in both workers)
+            client.submit(tasks.fails_until, f"warm-{run}", 0).result(timeout=60)
         start = time.monotonic()
         client.submit(tasks.fails_until, f"plain-{run}", 0).result(timeout=60)
         plain = time.monotonic() - start
@@ -226,9 +233,15 @@ def retry_round(run: int) -> tuple[int, float]:
     return value, retried / plain
 
 
+_NOT_MEASURED: set[int] = set()  # (the --busy process)
+
+
 def _busy() -> subprocess.Popen[bytes]:
-    """A process that spins on one core (beside the benchmark)."""
-    return subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    """A process that spins on one core (beside the benchmark, not counted
+    among the pool's processes)."""
+    busy = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    _NOT_MEASURED.add(busy.pid)
+    return busy
 
 
 def _medians(rows: Sequence[Sequence[float]]) -> list[float]:

@@ -7,8 +7,11 @@ import os
 import time
 
 
-def wait_for(flag: str) -> bool:
-    """Hold a worker until the file ``flag`` exists."""
+def wait_for(flag: str, started: str = "") -> bool:
+    """Hold a worker until the file ``flag`` exists (saying so first, in
+    the file ``started``, if given)."""
+    if started:
+        open(started, "w").close()
     while not os.path.exists(flag):
         time.sleep(0.002)
     return True

@@ -21,7 +21,7 @@ from discovery import list_workers
 from pool import AsyncClient, Client, Pool, TaskTimeout
 from pool.dispatcher_pb2 import ListWorkersRequest
 from tests.support import sample_tasks
-from tests.support.helpers import run_script, wait_until
+from tests.support.helpers import ROOT, run_script, wait_until
 from tests.support.rpc import dispatcher_stub
 from tests.support.streams import eventually
 
@@ -365,3 +365,19 @@ def test_options_give_a_view_of_the_same_client(tmp_path: Path, gate: Path) -> N
         client.shutdown()
         with pytest.raises(RuntimeError, match="after shutdown"):
             client.options(priority=1).submit(sample_tasks.square, 2)
+
+
+def test_the_readmes_stopping_example_runs_as_written(tmp_path: Path) -> None:
+    """The README's ``stop.py``, taken from the README itself and run by
+    path: it prints what its comments say."""
+    readme = (ROOT / "README.md").read_text()
+    start = readme.index("```python\n", readme.index("Save this as `stop.py`")) + 10
+    code = readme[start : readme.index("```\n", start)]
+    assert run_script(tmp_path, "stop.py", code) == [
+        "stopped: the task ran over its 1 s",
+        "False",
+        "[True]",
+        "True",
+        "1024",
+        "3",
+    ]

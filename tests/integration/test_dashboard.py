@@ -21,6 +21,7 @@ from typing import Any
 import pytest
 
 from pool import Client, Pool
+from tests.support import sample_tasks
 from tests.support.helpers import ROOT, wait_until
 from tests.support.pools import (
     dashboard_url,
@@ -258,3 +259,40 @@ def test_task_counters_survive_a_restarted_dispatcher(namespace: str) -> None:
             assert [client.submit(pow, i, 2).result(30) for i in range(2)] == [0, 1]
         wait_until(lambda: metrics_of(url)[ok] == 5)
         assert metrics_of(url)[ok] == 5
+
+
+@pytest.mark.timeout(120)
+def test_the_page_and_pool_workers_show_what_waits_by_priority(
+    namespace: str, browser: Any, tmp_path: Path
+) -> None:
+    """With the one worker held, 3 calls of priority 0 and 2 of priority 10
+    wait (the worker holds one of 10 unstarted, having given back the one
+    of 0 it held): the queued tile and `pool workers` say how many wait at
+    each priority; a screenshot is kept."""
+    gate = tmp_path / "gate"
+    with running_pool(
+        namespace, "--workers", "1", "--dashboard", "127.0.0.1:0"
+    ) as pool:
+        page = browser.new_page(viewport={"width": 1280, "height": 900})
+        page.goto(dashboard_url(pool))
+        try:
+            with Client(namespace) as client:
+                held = client.submit(sample_tasks.gated_pid, str(gate))
+                wait_until(held.running)
+                low = [client.submit(sample_tasks.square, i) for i in range(3)]
+                urgent = client.options(priority=10)
+                high = [urgent.submit(sample_tasks.square, i) for i in range(2)]
+                by = "queued: 1 at priority 10, 3 at priority 0"
+                page.wait_for_function(
+                    "by => document.getElementById('t-queued-by').textContent === by",
+                    arg=by,
+                )
+                assert page.locator("#t-queued").text_content() == "4"
+                listed = pool_command("workers", "-n", namespace)
+                assert "queued=4 by_priority=10:1,0:3 " in listed.stdout
+                ARTIFACTS.mkdir(parents=True, exist_ok=True)
+                page.screenshot(path=str(ARTIFACTS / "dashboard-priorities.png"))
+                gate.touch()
+                assert [f.result(timeout=30) for f in [*low, *high]] == [0, 1, 4, 0, 1]
+        finally:
+            gate.touch()
