@@ -43,8 +43,8 @@ class WorkerInfo:
     :param tags: labels that tasks may require.
     :param extra: free-form string metadata.
     :param status: ``"ready"`` (takes tasks), ``"draining"`` (finishing,
-        then leaving) or ``"stuck"`` (every task thread is held by a task
-        that was cancelled or timed out).
+        then leaving) or ``"stuck"`` (every task thread is held by a call
+        nobody waits for any more).
     :param capacity: how many tasks the dispatcher may send it at once (>= 1).
     :raises ValueError: if a field is out of range.
     """

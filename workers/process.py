@@ -5,7 +5,7 @@ private directory, or ``HOST:0`` with ``--host``), publishes itself as
 ``worker-added``, writes one ``READY {json}`` line (to ``--ready-fd``) for whoever
 started it, and serves until SIGTERM, SIGINT or the death of the process
 ``--parent-fd`` names. Its ``capacity`` is its slot threads not held by a
-task that timed out (see :mod:`workers.service`): what it runs at once.
+call nobody waits for (see :mod:`workers.service`): what it runs at once.
 The dispatcher sends it tasks ahead of that only to hide a round trip. With
 no thread free the status is ``"stuck"``.
 

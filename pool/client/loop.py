@@ -26,7 +26,7 @@ from typing import Any, Final
 import uvloop
 from grpc import aio
 
-from pool.client.cancels import Ask, wait_all
+from pool.client.cancels import CANCEL_WAIT_S, Ask, wait_all
 from pool.client.connection import Connection
 from pool.client.futures import PoolFuture
 from pool.client.handlers import FutureHandler, handler_of, settle
@@ -234,7 +234,9 @@ class LoopThread:
             return [h._future is not None and h._future.cancelled() for h in handlers]
         if not wait:
             return []
-        asked.wait()  # (the loop takes FLUSH_MAX a turn; the deadline is for words)
+        # (Asking takes the loop a turn; the deadline is for the words. An
+        # ask the loop never takes is given up with the rest: it runs.)
+        asked.wait(CANCEL_WAIT_S)
         return wait_all(asks)
 
     def _ask(

@@ -9,8 +9,8 @@ dashboard, what its tasks did: ``on_stats``). So the
 supervisor can wait until every worker it started is registered and
 linked (:meth:`until_registered`): only then can a client's first tasks
 spread over all of them. A
-worker whose status stays ``"stuck"`` (every thread held by a task that
-timed out or was cancelled) for ``stuck_grace_s`` is handed to
+worker whose status stays ``"stuck"`` (every thread held by a call nobody
+waits for: its dispatcher hung up on it) for ``stuck_grace_s`` is handed to
 ``on_stuck``, which replaces it. Owned by the supervisor, which runs
 :meth:`Registrations.follow` and each grace in its task group (``spawn``).
 """

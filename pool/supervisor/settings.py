@@ -114,8 +114,9 @@ class PoolSettings(Listening, Limits):
     no_worker_timeout_s: float = NO_WORKER_TIMEOUT_SPEC.field()
     stuck_grace_s: float = Spec(
         60.0,
-        "replace a worker whose every thread is held by a task that timed out "
-        "or was cancelled, once it has been so this long",
+        "replace a worker whose every thread is held by a call nobody waits "
+        "for any more (its dispatcher hung up on it), once it has been so this "
+        "long (a call over its time limit, or stopped, ends its worker at once)",
         low=0,
     ).field()
     max_queued: int = MAX_QUEUED_SPEC.field()
