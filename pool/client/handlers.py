@@ -53,6 +53,7 @@ class FutureHandler:
         "_hold",
         "_notified",
         "_store",
+        "_withdrawn",
         "runner",
         "task_id",
     )
@@ -72,6 +73,7 @@ class FutureHandler:
         self._store, self._hold = store, hold  # its arguments' shared memory
         self.runner, self.task_id = runner, task_id
         self._asks = NO_ASKS
+        self._withdrawn = False  # its future ended cancelled (it is let go of)
 
     def started(self) -> None:
         self._asks.started()
@@ -90,7 +92,7 @@ class FutureHandler:
         the future's state."""
         future = self._future
         ended = future is None or future.done()
-        cancelled = future is not None and future.cancelled()
+        cancelled = self._withdrawn or (future is not None and future.cancelled())
         running = future is not None and future.running()
         self._asks = self._asks.of()
         return self._asks.hold(ask, ended=ended, cancelled=cancelled, running=running)
@@ -106,6 +108,7 @@ class FutureHandler:
         return self._asks.withdrawn(self._cancel_future)
 
     def _cancel_future(self) -> None:
+        self._withdrawn = True
         if (future := self._settling()) is not None:
             if not future.running():
                 concurrent.futures.Future.cancel(future)  # (not ours: that asks)

@@ -248,3 +248,16 @@ def test_an_abandon_stands_through_a_start_and_its_withdrawal_is_taken() -> None
     assert [list(b.abandon) for b in sent.ledger.batches()] == [[task_id]]
     sent.withdrawn(task_id)
     assert ask.wait(0) is True and future.cancelled() and len(sent.ledger) == 0
+
+
+def test_an_ask_the_loop_takes_after_the_withdrawal_hears_yes() -> None:
+    """Two owners ask at once; the second ask reaches the loop after the
+    first was answered (the future let go of): it hears the same yes."""
+    sent = Sent()
+    task_id, future = sent.submit()
+    _outgoing(sent.ledger)
+    first = sent.ask(task_id)
+    sent.withdrawn(task_id)
+    late = Ask()
+    assert sent.handlers[task_id].ask(late) is False
+    assert first.wait(0) is True and late.wait(0) is True and future.cancelled()
