@@ -33,7 +33,6 @@ from pool.client.rendezvous import Locator, Target
 from pool.dispatcher_pb2 import ListWorkersRequest
 from pool.dispatcher_pb2_grpc import DispatcherStub
 from pool.errors import PoolNotRunning
-from pool.supervisor.sweep import sweep_temp_dirs
 from pool.supervisor.view import (
     PlainView,
     describe,
@@ -218,7 +217,6 @@ def run_ls(args: argparse.Namespace) -> int:
             print(f"removed what the dead pool {namespace!r} left")
         if reaped := owners.reap():
             print(f"removed {len(reaped)} data segments and locks of dead processes")
-        sweep_temp_dirs()
     rows = []
     for entry in namespaces():
         workers: object = "-"

@@ -63,7 +63,6 @@ from pool.supervisor.dashboard import dashboard_for
 from pool.supervisor.output import relay
 from pool.supervisor.registrations import Registrations
 from pool.supervisor.settings import PoolSettings
-from pool.supervisor.sweep import sweep_temp_dirs
 from pool.supervisor.view import Tee, View
 from pool.supervisor.zygote import Zygote, ZygoteUnavailable, fork_or_spawn
 from workers.common.offload import Offload
@@ -182,7 +181,6 @@ class Supervisor:
         """What the children need: other pools' leftovers gone, the token,
         and a pidfd of this process, whose end ends them."""
         await self._offload.run(sweep_dead)
-        await self._offload.run(sweep_temp_dirs)
         await dataplane.prepare(self._offload, self.settings)
         namespace, token_file = self.settings.namespace, self.settings.token_file
         given = None

@@ -38,7 +38,7 @@ import grpc
 import uvloop
 
 import pool.dispatcher.server
-import pool.supervisor.zygote
+import pool.supervisor.forker
 import workers.process
 
 gc.freeze()

@@ -1,24 +1,21 @@
 """The zygote: a pre-imported interpreter every pool process is forked from.
 
-:class:`Zygote` runs one ``multiprocessing`` forkserver of its own (a
-:class:`multiprocessing.forkserver.ForkServer`, not the module's shared one,
-so a program's own forkserver and its preload list are left alone). The
-forkserver is a fresh interpreter that imports :mod:`pool.supervisor.preload`
-(grpc, protobuf, uvloop, the worker and the dispatcher, with
+:class:`Zygote` starts a small fork server of ours (:mod:`pool.supervisor.forker`)
+as a fresh interpreter that imports :mod:`pool.supervisor.preload` (grpc,
+protobuf, uvloop, the worker and the dispatcher, with
 ``GRPC_ENABLE_FORK_SUPPORT=0``) and creates no gRPC object, loop, thread
-or lock. Each child it forks then runs :func:`_enter`, which, before
-anything else, closes every descriptor it was not given, drops the
-forkserver's and the resource tracker's descriptors from ``multiprocessing``'s
-books, and starts its own session; only then does the worker's or the
-dispatcher's ``main`` create its loop, its locks and its server.
+or lock. Each child it forks first closes every descriptor it was not
+given and starts its own session; only then does the worker's or the
+dispatcher's ``main`` create its loop, its locks and its server. A program's
+own ``multiprocessing`` forkserver is not touched.
 
 Unlike ``ProcessPoolExecutor``, the caller's ``__main__`` is not imported
 again in the child: a pool process runs our code, and needs no
 ``if __name__ == "__main__"`` guard in the user's script. It does get the
 caller's ``sys.path`` and working directory.
 
-A child forked this way is not ours to reap: the forkserver reaps it and
-writes its exit status to a pipe (the *sentinel*) that :class:`Forked`
+A child forked this way is not ours to reap: the fork server reaps it and
+writes its exit status to a pipe (the *status pipe*) that :class:`Forked`
 watches; signals go through a pidfd opened as soon as the pid is known, so
 they never reach a reused pid. Caller: :mod:`pool.supervisor.orchestration`.
 """
@@ -27,33 +24,36 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
-import io
+import json
 import os
 import select
-import shlex
 import signal
+import socket
+import subprocess
 import sys
 from collections.abc import Callable, Mapping
-from multiprocessing import context, forkserver, process, reduction, resource_tracker
 from typing import Any, Final
 
-import setproctitle
-
+from pool.errors import PoolError
 from pool.supervisor.children import Child, ChildProcess, Process, spawn
-from pool.supervisor.sweep import use_private_temp_dir
-from workers.common.spec import to_argv
+from pool.supervisor.forker import STATUS, request_of
 
-PRELOAD: Final = ["pool.supervisor.preload"]
+# How the fork server starts: with this process's import path, so that it
+# imports the same pool (and the caller's modules resolve as here).
+SERVER_CODE: Final = (
+    "import json, sys; sys.path[:] = json.loads(sys.argv[1]); "
+    "from pool.supervisor.forker import serve; serve(int(sys.argv[2]))"
+)
+STOP_GRACE_S: Final = 5.0
 
 
-class ZygoteUnavailable(RuntimeError):
+class ZygoteUnavailable(PoolError, RuntimeError):
     """The zygote is not running; start the process the slow way."""
 
 
 class Forked(ChildProcess):
     """A process the zygote forked for us: signalled through a pidfd, and
-    its exit status read from the forkserver's sentinel pipe."""
+    its exit status read from the fork server's status pipe."""
 
     def __init__(self, pid: int, sentinel: int) -> None:
         self.pid = pid
@@ -81,9 +81,9 @@ class Forked(ChildProcess):
     def _on_status(self) -> None:
         self._loop.remove_reader(self._sentinel)
         try:
-            code = forkserver.read_signed(self._sentinel)
+            code = read_status(self._sentinel)
         except (OSError, EOFError):
-            # The forkserver died before it reaped the child: wait on the
+            # The fork server died before it reaped the child: wait on the
             # pidfd instead; how the child ended is not known.
             code = 255
             if self._pidfd >= 0 and not _exited(self._pidfd):
@@ -105,33 +105,29 @@ class Forked(ChildProcess):
 
 
 class Zygote:
-    """One forkserver with :data:`PRELOAD` imported; see the module docstring.
+    """One fork server with the preload imported; see the module docstring.
 
-    ``ready`` is true from a successful :meth:`start` until the forkserver is
+    ``ready`` is true from a successful :meth:`start` until the server is
     seen dead (:meth:`watch` then starts another).
     """
 
     def __init__(self, on_change: Callable[[str, int], None] = lambda *_: None) -> None:
         """:param on_change: called with ``("ready", pid)`` each time a
-        forkserver is warm and ``("exited", pid)`` when one is seen dead."""
-        self._server = forkserver.ForkServer()
-        self._server.set_forkserver_preload(PRELOAD)
+        fork server is warm and ``("exited", pid)`` when one is seen dead."""
         self._on_change = on_change
         self.ready = False
         self.pid = 0
-        self._pidfd = -1  # of the running forkserver
+        self._server: subprocess.Popen[bytes] | None = None
+        self._channel: socket.socket | None = None  # our end of its socket pair
+        self._pidfd = -1  # of the running server
 
     async def start(self) -> None:
-        """Start the forkserver and wait until it forks (its imports done).
+        """Start the fork server and wait until it forks (its imports done).
 
         :raises ZygoteUnavailable: if it cannot start or fork.
         """
         try:
-            use_private_temp_dir()
-            await asyncio.to_thread(self._server.ensure_running)
-            self.pid = self._server._forkserver_pid or 0  # type: ignore[attr-defined]
-            self._close_pidfd()
-            self._pidfd = os.pidfd_open(self.pid)
+            await asyncio.to_thread(self._start_server)
             probe = await self._fork(None, None, {})
         except (OSError, EOFError, ValueError) as exc:
             raise ZygoteUnavailable(f"the zygote did not start: {exc}") from exc
@@ -141,8 +137,23 @@ class Zygote:
         self.ready = True
         self._on_change("ready", self.pid)
 
+    def _start_server(self) -> None:
+        """Start a fork server (blocking), after reaping one that exited."""
+        self.close()
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        with theirs:
+            argv = [sys.executable, "-c", SERVER_CODE, json.dumps(sys.path)]
+            self._server = subprocess.Popen(
+                [*argv, str(theirs.fileno())],
+                stdin=subprocess.DEVNULL,
+                pass_fds=[theirs.fileno()],
+            )
+        self._channel = ours
+        self.pid = self._server.pid
+        self._pidfd = os.pidfd_open(self.pid)
+
     async def watch(self) -> None:
-        """Restart the forkserver whenever it dies, until cancelled."""
+        """Restart the fork server whenever it dies, until cancelled."""
         delay = 0.1
         while True:
             if self.ready:
@@ -165,8 +176,6 @@ class Zygote:
         :raises ZygoteUnavailable: if the zygote is not running.
         """
         if not self.ready or _exited(self._pidfd):
-            # (Asking a dead forkserver would start another in its place, and
-            # wait for its imports.)
             self.ready = False
             raise ZygoteUnavailable("the zygote is not running")
         try:
@@ -179,13 +188,12 @@ class Zygote:
     async def _fork(
         self, entry: str | None, settings: Any, fds: Mapping[str, int]
     ) -> Forked:
+        request = request_of(entry, settings, fds)
         launch = asyncio.ensure_future(
-            asyncio.to_thread(
-                self._launch, (entry, settings, list(fds)), list(fds.values())
-            )
+            asyncio.to_thread(self._launch, request, list(fds.values()))
         )
         try:
-            pid, sentinel = await asyncio.shield(launch)
+            pid, status = await asyncio.shield(launch)
         except asyncio.CancelledError:
             # The thread still sends ``fds``, which the caller closes once
             # this returns; a child it forks now has no owner: kill it.
@@ -195,80 +203,51 @@ class Zygote:
             if not launch.cancelled() and launch.exception() is None:
                 Forked(*launch.result()).kill()
             raise
-        return Forked(pid, sentinel)
+        return Forked(pid, status)
 
-    def _launch(self, args: tuple[object, ...], fds: list[int]) -> tuple[int, int]:
-        """Ask the forkserver for a child (blocking): its pid and sentinel."""
-        child = context.ForkServerProcess(target=_enter, args=args, name="shmpool")
-        data = io.BytesIO()
-        context.set_spawning_popen(self)  # type: ignore[arg-type]  # (the authkey)
+    def _launch(self, request: bytes, fds: list[int]) -> tuple[int, int]:
+        """Ask the fork server for a child (blocking): its pid, and the
+        pipe its exit status will come on."""
+        if self._channel is None:
+            raise EOFError("the zygote is stopped")
+        status, write = os.pipe2(os.O_CLOEXEC)
         try:
-            reduction.dump(_preparation(), data)
-            reduction.dump(child, data)
-        finally:
-            context.set_spawning_popen(None)
-        sentinel, write = self._server.connect_to_new_process(fds)
-        try:
-            with open(write, "wb", closefd=True) as pipe:
-                pipe.write(data.getbuffer())
-            return forkserver.read_signed(sentinel), sentinel
+            try:
+                socket.send_fds(self._channel, [request], [write, *fds])
+            finally:
+                os.close(write)
+            return read_status(status), status
         except BaseException:
-            os.close(sentinel)
+            os.close(status)
             raise
 
     def close(self) -> None:
-        """Stop the forkserver (blocking; children it forked keep running)."""
+        """Stop the fork server (blocking; children it forked keep running)."""
         self.ready = False
-        self._close_pidfd()
-        with contextlib.suppress(OSError, ChildProcessError):
-            self._server._stop()  # type: ignore[attr-defined]
-
-    def _close_pidfd(self) -> None:
         if self._pidfd >= 0:
             os.close(self._pidfd)
             self._pidfd = -1
+        if self._channel is not None:
+            self._channel.close()  # (the server exits when it reads the end)
+            self._channel = None
+        if self._server is not None:
+            try:
+                self._server.wait(STOP_GRACE_S)
+            except subprocess.TimeoutExpired:
+                self._server.kill()
+                self._server.wait()
+            self._server = None
 
 
-def _preparation() -> dict[str, object]:
-    """What ``multiprocessing.spawn.prepare`` sets up in the child: this
-    process's import path and directory, and no ``__main__`` to re-run."""
-    origin = process.ORIGINAL_DIR  # type: ignore[attr-defined]
-    sys_path = [origin if p == "" else p for p in sys.path]
-    return {
-        "name": "shmpool",
-        "authkey": process.current_process().authkey,
-        "sys_path": sys_path,
-        "dir": os.getcwd(),
-        "orig_dir": origin,
-    }
+def read_status(fd: int) -> int:
+    """One number the fork server wrote to a status pipe (blocking).
 
-
-def _enter(entry: str | None, settings: Any, fields: list[str]) -> None:
-    """In the forked child: shed what it inherited, then run ``entry``."""
-    passed = forkserver.get_inherited_fds() or []
-    keep = {0, 1, 2, *passed}
-    for name in os.listdir("/proc/self/fd"):
-        if int(name) not in keep:
-            with contextlib.suppress(OSError):  # (listdir's own, now closed)
-                os.close(int(name))
-    null = os.open(os.devnull, os.O_RDONLY)  # stdin: not the zygote's
-    os.dup2(null, 0)
-    os.close(null)
-    # multiprocessing's books still name what was just closed.
-    forkserver._forkserver._forkserver_alive_fd = None  # type: ignore[attr-defined]
-    forkserver._forkserver._inherited_fds = None  # type: ignore[attr-defined]
-    resource_tracker._resource_tracker._fd = None  # type: ignore[attr-defined]
-    resource_tracker._resource_tracker._pid = None  # type: ignore[attr-defined]
-    os.setsid()
-    if entry is None:  # the probe that tells the zygote is warm
-        return
-    settings = dataclasses.replace(settings, **dict(zip(fields, passed, strict=True)))
-    module, _, function = entry.partition(":")
-    # What `ps` shows: the command that would have started it the slow way.
-    title = [sys.executable, "-m", module, *to_argv(settings)]
-    setproctitle.setproctitle(shlex.join(title))
-    run = getattr(__import__(module, fromlist=[function]), function)
-    sys.exit(run(settings))
+    :raises EOFError: if the pipe closed first.
+    """
+    data = os.read(fd, STATUS.size)
+    if len(data) != STATUS.size:
+        raise EOFError("the zygote closed the status pipe")
+    return int(STATUS.unpack(data)[0])
 
 
 def _exited(pidfd: int) -> bool:

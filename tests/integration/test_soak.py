@@ -19,7 +19,6 @@ import pytest
 
 from discovery import list_workers, paths
 from pool import Client
-from pool.supervisor import sweep
 from tests.support import sample_tasks
 from tests.support.helpers import Agent, agent, wait_until
 from tests.support.pools import RunningPool, processes_mentioning
@@ -144,5 +143,3 @@ def test_soak_start_kill_restart_leaves_nothing(namespace: str) -> None:
     # Only what this test made: other pools may run on the machine meanwhile.
     assert not (paths.SHM_DIR / paths.segment_name(namespace)).exists()
     assert not paths.namespace_dir(namespace, create=False).exists()
-    left = [sweep.temp_dir_of(pid) for _, pid in cycles]
-    assert not [path for path in left if path.exists()]
