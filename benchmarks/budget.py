@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import concurrent.futures
+import multiprocessing
 import os
 import statistics
 from collections.abc import Callable, Iterable
@@ -91,7 +92,9 @@ def main() -> None:
             submit_rate(executor, 5_000)
             peer = {
                 "client": [os.getpid()],
-                "workers (8)": list(executor._processes),
+                "workers (8)": [  # (no other multiprocessing pool is open)
+                    p.pid for p in multiprocessing.active_children() if p.pid
+                ],
             }
             for _ in range(rounds):
                 ours.append(_per_task(groups, lambda: submit_rate(client, TASKS)))

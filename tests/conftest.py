@@ -11,7 +11,6 @@ import signal
 import tempfile
 import uuid
 from collections.abc import Callable, Iterator
-from multiprocessing import resource_tracker
 from pathlib import Path
 from typing import Any
 
@@ -70,14 +69,27 @@ def no_stray_children() -> Iterator[None]:
     such as a module's pool, are not the test's)."""
     before = set(children_of(os.getpid()))
     yield
-    # multiprocessing's resource tracker, which a pool's zygote starts, is
-    # this process's for its life, as with any forkserver or spawn context.
-    tracker = resource_tracker._resource_tracker._pid  # type: ignore[attr-defined]
-    strays = [pid for pid in children_of(os.getpid()) if pid not in before | {tracker}]
+    # multiprocessing's resource tracker, which a test of shared memory or of
+    # a standard pool starts, is this process's for its life.
+    strays = [
+        pid
+        for pid in children_of(os.getpid())
+        if pid not in before and not _resource_tracker(pid)
+    ]
     for pid in strays:
         os.kill(pid, signal.SIGKILL)
         os.waitpid(pid, 0)
     assert not strays, f"test left child processes {strays}"
+
+
+def _resource_tracker(pid: int) -> bool:
+    """Whether ``pid`` runs multiprocessing's resource tracker (as its
+    command line says: what multiprocessing starts it with)."""
+    try:
+        command = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return False
+    return b"multiprocessing.resource_tracker" in command
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -62,13 +62,20 @@ def _ours(workers: int, namespace: str | None) -> Iterator[tuple[Executor, list[
 def _process_pool(workers: int) -> Iterator[tuple[Executor, list[int]]]:
     with concurrent.futures.ProcessPoolExecutor(workers) as executor:
         list(executor.map(noop, range(workers)))  # it starts workers lazily
-        yield executor, list(executor._processes)
+        yield executor, _mp_children()
 
 
 @contextmanager
 def _mp_pool(workers: int) -> Iterator[tuple[Executor, list[int]]]:
     with multiprocessing.Pool(workers) as pool:
-        yield MpAdapter(pool), [p.pid for p in pool._pool]  # type: ignore[attr-defined]
+        yield MpAdapter(pool), _mp_children()
+
+
+def _mp_children() -> list[int]:
+    """The processes ``multiprocessing`` started here and that still run:
+    the workers of the one standard pool open (the peers are opened one at
+    a time)."""
+    return [child.pid for child in multiprocessing.active_children() if child.pid]
 
 
 @contextmanager

@@ -1,7 +1,7 @@
 """The future a :class:`~pool.client.executor.Client` hands back: :class:`PoolFuture`.
 
 A :class:`concurrent.futures.Future` in every way its users and the
-standard library's ``wait`` and ``as_completed`` see, with three changes:
+standard library's ``wait`` and ``as_completed`` see, with two changes:
 
 - :meth:`~PoolFuture.cancel` asks the pool, through the task's handler
   (set once the task is sent; no done callback, closure or lock of ours
@@ -12,28 +12,22 @@ standard library's ``wait`` and ``as_completed`` see, with three changes:
   ends *cancelled* too: :meth:`~PoolFuture.cancelled` is True, and
   ``result()`` and ``exception()`` raise ``CancelledError``, although a
   ``Future`` cannot go from RUNNING to CANCELLED (it ends with that
-  exception);
-- its condition (a ``threading.Condition``: an ``RLock``, a deque of
-  waiters and five bound methods, about 1.2 KB of the 1.6 KB a future
-  costs) is made when first needed: a million pending futures nobody
-  waits on yet hold none. A thread that finds none makes it under one
-  module lock, so two threads never make two.
+  exception).
 
-It relies on ``concurrent.futures.Future`` reaching its condition only
-through ``self._condition`` (true of CPython 3.11 to 3.13; the suite runs
-CPython's own executor tests on it). Created by
+It keeps to ``Future``'s public surface: it overrides three public
+methods and adds two attributes of its own, and leaves ``Future``'s
+state, condition and waiters to ``Future``. (A pending future costs what
+the standard library's does, about 1.6 KB; an earlier version made the
+condition lazily, through ``Future``'s private names, to save 1.4 KB of
+it, which no release of CPython promises to keep working.) Created by
 :class:`~pool.client.executor.Client`, driven by
-:class:`~pool.client.loop.FutureHandler`.
+:class:`~pool.client.handlers.FutureHandler`.
 """
 
 from __future__ import annotations
 
 import concurrent.futures
-import threading
-from concurrent.futures._base import PENDING
-from typing import Any, Final, Protocol
-
-_MAKING: Final = threading.Lock()  # (held only to make a future's condition)
+from typing import Any, Protocol
 
 
 class Canceller(Protocol):
@@ -46,25 +40,7 @@ class PoolFuture(concurrent.futures.Future[Any]):
     """The future of a task sent to the pool; see the module docstring."""
 
     _handler: Canceller | None = None  # set once its task is sent
-    _made: threading.Condition  # its condition, once made
     _stopped = False  # a running call stopped by force: it ended cancelled
-
-    def __init__(self) -> None:  # (Future's, but for its condition)
-        self._state = PENDING
-        self._result = None
-        self._exception: BaseException | None = None
-        self._waiters: list[Any] = []
-        self._done_callbacks: list[Any] = []
-
-    @property
-    def _condition(self) -> threading.Condition:  # type: ignore[override]
-        try:
-            return self._made
-        except AttributeError:
-            with _MAKING:
-                if "_made" not in self.__dict__:
-                    self._made = threading.Condition()
-            return self._made
 
     def cancel(self) -> bool:
         """Cancel the call if it will never run, as the pool says (a round

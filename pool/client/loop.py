@@ -43,9 +43,14 @@ FLUSH_MAX: Final = 4096  # submissions handed to the connection a turn
 log = logging.getLogger("pool.client")
 
 # Like concurrent.futures.thread: once the interpreter starts to exit, every
-# client's pending futures are waited for and no new one is accepted.
+# client's pending futures are waited for and no new one is accepted. The
+# standard executors hook the exit through a private function of threading;
+# a thread of ours that is not a daemon waits for the main thread to end
+# instead: the interpreter joins it, while our daemon loop threads still run.
 _loops: weakref.WeakSet[LoopThread] = weakref.WeakSet()
 _shutting_down = False
+_watching = threading.Lock()  # (held to start the one watcher)
+_watcher: threading.Thread | None = None
 
 
 def interpreter_exiting() -> bool:
@@ -63,9 +68,20 @@ def _python_exit() -> None:
         loop.join()
 
 
-# Runs before non-daemon threads are joined, while our loop threads still
-# run (the standard executors register their exit hook the same way).
-threading._register_atexit(_python_exit)  # type: ignore[attr-defined]
+def _watch_exit() -> None:
+    threading.main_thread().join()
+    _python_exit()
+
+
+def _watch_for_exit() -> None:
+    """Start the thread that runs :func:`_python_exit` once the main thread
+    has ended (once per process; a forked child starts its own)."""
+    global _watcher
+    with _watching:
+        exiting = not threading.main_thread().is_alive()  # (it runs no hook)
+        if not exiting and (_watcher is None or not _watcher.is_alive()):
+            _watcher = threading.Thread(target=_watch_exit, name="pool-exit")
+            _watcher.start()
 
 
 class LoopThread:
@@ -97,6 +113,7 @@ class LoopThread:
             self._thread.join()
             raise
         _loops.add(self)
+        _watch_for_exit()
 
     def _run(self, locator: Locator, started: concurrent.futures.Future[None]) -> None:
         try:

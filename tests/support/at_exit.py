@@ -7,9 +7,10 @@ MODE ``pool``: the same through an embedded Pool (namespace NAMESPACE) that
 is never closed. MODE ``killed``: an embedded Pool that prints ``ready`` and
 waits to be killed.
 
-It prints ``exiting`` when the interpreter starts to exit (the test then
-opens GATE); then, in an atexit hook (which runs after the clients' own
-exit hook), the task's result and what a new submit raised.
+It prints ``exiting`` once its main thread has ended (the test then opens
+GATE); then, in an atexit hook (which runs after the interpreter has
+joined every thread that is not a daemon, the clients' exit watcher
+among them), the task's result and what a new submit raised.
 """
 
 from __future__ import annotations
@@ -43,9 +44,14 @@ def main() -> None:
             print(f"submit {exc}")
 
     atexit.register(report)
-    # Runs first at exit (these hooks run last-registered first): the test
-    # opens the gate only once the program is on its way out.
-    threading._register_atexit(lambda: print("exiting", flush=True))  # type: ignore[attr-defined]
+    # The test opens the gate only once the program is on its way out: its
+    # main thread has ended, and the interpreter joins this thread.
+    threading.Thread(target=_say_exiting).start()
+
+
+def _say_exiting() -> None:
+    threading.main_thread().join()
+    print("exiting", flush=True)
 
 
 if __name__ == "__main__":

@@ -77,28 +77,3 @@ def test_wait_and_as_completed_take_pool_futures_beside_plain_ones() -> None:
         theirs,
     }
     setter.join()
-
-
-@pytest.mark.parametrize("round_", range(20))
-def test_threads_that_first_touch_a_future_together_all_wake(round_: int) -> None:
-    """Eight threads released together each wait on a future nobody has
-    touched yet (its condition is made on first need): once set, every one
-    of them has its value. Regression guard: two threads making two
-    conditions would leave some waiting on one that is never notified."""
-    future = PoolFuture()
-    start = threading.Barrier(9)
-    got: list[object] = []
-
-    def waiter() -> None:
-        start.wait()
-        got.append(future.result())  # (no timeout: only a notify wakes it)
-
-    threads = [threading.Thread(target=waiter, daemon=True) for _ in range(8)]
-    for thread in threads:
-        thread.start()
-    start.wait()
-    future.set_result(round_)
-    for thread in threads:
-        thread.join(DEADLINE_S)
-    assert not any(thread.is_alive() for thread in threads), "a waiter was not woken"
-    assert got == [round_] * 8

@@ -144,7 +144,8 @@ def _scalar(cls: type, name: str) -> type:
 def add_arguments(parser: argparse.ArgumentParser, cls: type) -> None:
     """Add the flags of ``cls``'s settings to ``parser``, a group's under
     its title."""
-    titles, groups = _titles(cls), dict[str, argparse._ArgumentGroup]()
+    titles = _titles(cls)
+    groups: dict[str, argparse._ArgumentGroup] = {}  # (a name for typing only)
     # A process's own flags first, then each group's.
     for field, spec in sorted(_specs(cls), key=lambda pair: pair[0].name in titles):
         if spec.flag is None:
