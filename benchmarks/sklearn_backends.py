@@ -6,7 +6,7 @@ Each run times, on each backend in turn (the order alternates from run to
 run), with ``n_jobs=-1`` on N workers (default: one per CPU):
 
 - ``GridSearchCV(SVC(), 6 candidates, cv=5)`` on 1,000 samples (30 fits);
-- ``Parallel()(delayed(math.sqrt)(i) for i in range(100_000))``, joblib's
+- ``Parallel(n_jobs=-1)(delayed(math.sqrt)(i) for i in range(100_000))``, joblib's
   auto-batching (many tiny calls: the cost of a batch's round trip);
 - 32 calls each given the same 16 MiB array (``a.sum()``): what crossing
   to a worker costs a large argument (loky memory-maps it to a file; the

@@ -36,6 +36,7 @@ if TYPE_CHECKING:
         NamespaceEntry,
         namespaces,
         owner_pid,
+        reap_registries,
         reclaim,
         sweep_dead,
     )
@@ -70,6 +71,7 @@ _HOMES = {
     "list_workers": "discovery.local",
     "namespaces": "discovery.ownership",
     "owner_pid": "discovery.ownership",
+    "reap_registries": "discovery.ownership",
     "reclaim": "discovery.ownership",
     "sweep_dead": "discovery.ownership",
 }
@@ -111,6 +113,7 @@ __all__ = [
     "list_workers",
     "namespaces",
     "owner_pid",
+    "reap_registries",
     "reclaim",
     "sweep_dead",
 ]

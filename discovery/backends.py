@@ -13,6 +13,7 @@ from collections.abc import AsyncIterator, Callable
 from typing import Any, Protocol, Self
 from uuid import UUID
 
+from discovery.errors import RegistryUnreachable
 from discovery.info import DiscoveryEvent, EventType, WorkerInfo
 from discovery.liveness import is_alive as _holds_liveness_lock
 from discovery.urls import SCHEMES, SENTINEL_FORM, is_sentinel, parse_sentinel
@@ -72,17 +73,6 @@ def check_reachable(url: str | None, timeout_s: float = 3.0) -> None:
         raise RegistryUnreachable(url, str(exc).rstrip(".")) from None
     finally:
         client.close()
-
-
-class RegistryUnreachable(ConnectionError):
-    """The registry a pool was told to use does not answer."""
-
-    def __init__(self, url: str, reason: str) -> None:
-        self.url = url
-        super().__init__(
-            f"cannot reach the registry at {url}: {reason}; start Redis there, "
-            f"or give another --discovery"
-        )
 
 
 def publisher_for(namespace: str, url: str | None) -> AnyPublisher:

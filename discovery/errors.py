@@ -1,7 +1,8 @@
 """Errors raised by :mod:`discovery`, and :class:`Facts`, the form of
 every error of the project that has facts.
 
-Every error derives from :class:`DiscoveryError`. Each leaf names one
+Every error derives from :class:`DiscoveryError`, and that from
+:class:`PoolError`, the root of every error of the project. Each leaf names one
 condition, keeps its facts as attributes (its fields: see :class:`Facts`)
 and says in its message what to do next. Where a builtin category fits
 (``ValueError`` for bad input, ``TimeoutError`` for a wait that ran out),
@@ -59,7 +60,15 @@ class Facts(Exception):
         return {f.name: getattr(self, f.name) for f in fields}
 
 
-class DiscoveryError(Exception):
+class PoolError(Exception):
+    """Root of every error that shm-pool raises, in :mod:`pool`,
+    :mod:`workers` and :mod:`discovery` alike: ``except pool.PoolError``
+    catches each of them (``pool.PoolError`` is this class). Each leaf
+    keeps a builtin base where one fits, so ``except TimeoutError`` still
+    catches a :class:`~workers.protocol.errors.TaskTimeout`."""
+
+
+class DiscoveryError(PoolError):
     """Root of every error this package raises."""
 
 
@@ -210,4 +219,16 @@ class LockTimeout(Facts, DiscoveryError, TimeoutError):
         "the registry lock of namespace {namespace!r} was held for more "
         "than {timeout_s:g} s; a process holding it may be stuck (see "
         "`fuser` on its lock file) or the wait may need raising"
+    )
+
+
+class RegistryUnreachable(Facts, DiscoveryError, ConnectionError):
+    """The registry a pool was told to use does not answer."""
+
+    url: str
+    reason: str
+
+    MESSAGE = (
+        "cannot reach the registry at {url}: {reason}; start Redis there, "
+        "or give another --discovery"
     )

@@ -7,16 +7,27 @@ dies, however it dies, so "lock free" means "owner gone" (pids are reused;
 a lock is not), and whatever the namespace still holds then is garbage
 that the next owner, or :func:`sweep_dead`, removes.
 
+A runtime directory is one user's of one login, so a pool that ran with
+another (another ``XDG_RUNTIME_DIR``: a service, a container sharing
+``/dev/shm``) leaves its segment where :func:`sweep_dead` cannot see whose
+it is. :func:`reap_registries` judges such a segment by itself: its creator
+holds a shared ``flock`` on it for as long as it has it open
+(:meth:`discovery.registry.Registry.create`), so a registry nobody holds,
+whose creator's pid (in its header) is gone, is garbage.
+
 Callers: :mod:`discovery.local` (claims and releases ownership, reclaims),
-and the pool (``owner_pid`` for ``pool down``, ``sweep_dead`` when a pool
-starts). This module and :mod:`local` are the only ones that remove a
-namespace's segment.
+and the pool (``owner_pid`` for ``pool down``, ``sweep_dead`` and
+``reap_registries`` when a pool starts and in ``pool ls --clean``). This
+module and :mod:`local` are the only ones that remove a namespace's segment.
 """
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import logging
 import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Final, Self
@@ -25,12 +36,14 @@ import portalocker
 
 from discovery import paths
 from discovery.errors import NamespaceInUse
+from discovery.layout import HEADER, MAGIC
 from discovery.lock import RegistryLock
 from discovery.registry import Registry
 
 log = logging.getLogger(__name__)
 
 OWNER_FILE: Final = "owner"
+_REGISTRY_NAME: Final = re.compile(rf"{paths.SEGMENT_PREFIX}[0-9a-f]{{24}}")
 _CLAIM_ATTEMPTS: Final = 5
 _EXCLUSIVE_NOW: Final = (
     portalocker.LockFlags.EXCLUSIVE | portalocker.LockFlags.NON_BLOCKING
@@ -230,3 +243,61 @@ def _remove_if_dead(namespace: str) -> bool:
             return held and _remove_unowned(namespace) is not None
     finally:
         lock.close()
+
+
+def reap_registries() -> list[str]:
+    """Remove this user's registry segments that no live process owns,
+    whatever runtime directory their pool ran in (see the module
+    docstring). Never raises.
+
+    :returns: the segment names removed.
+    """
+    try:
+        with os.scandir(paths.SHM_DIR) as entries:
+            names = [e.name for e in entries if _REGISTRY_NAME.fullmatch(e.name)]
+    except OSError:
+        return []
+    removed = []
+    for name in names:
+        with contextlib.suppress(OSError):
+            if _remove_if_orphaned(paths.SHM_DIR / name):
+                removed.append(name)
+    return removed
+
+
+def _remove_if_orphaned(path: Path) -> bool:
+    """Unlink ``path``, a registry segment, if it is ours, complete, and
+    neither its creator's lock is held nor its creator alive."""
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    try:
+        if os.fstat(fd).st_uid != os.geteuid():
+            return False
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return False  # its creator has it open
+        header = os.pread(fd, HEADER.size, 0)
+        if len(header) < HEADER.size:
+            return False
+        magic, *_, creator, _ = HEADER.unpack(header)
+        # (No magic yet: being created. A live creator: one of an earlier
+        # version, which took no lock.)
+        if magic != MAGIC or _alive(creator) or not paths.same_file(fd, path):
+            return False
+        os.unlink(path)
+        return True
+    finally:
+        os.close(fd)  # (and the lock with it)
+
+
+def _alive(pid: int) -> bool:
+    """Whether ``pid`` may be a live process (0, unknown: it may)."""
+    if pid <= 0:
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True

@@ -7,7 +7,11 @@ The only module that touches shared memory or the registry lock. Callers:
 One segment per namespace, ``/dev/shm/shmp-<hash>``, mapped with
 ``os.open`` + ``mmap`` so that no resource tracker ever hears of it (on
 Python < 3.13, ``SharedMemory(name)`` would let a killed attacher's tracker
-unlink a segment it does not own). Only the creator unlinks. Layout, all
+unlink a segment it does not own). Only the creator unlinks; it holds a
+shared ``flock`` on the segment for as long as it has the registry open,
+taken before the header is written, so that a registry nobody holds, whose
+creator is gone, is known for garbage wherever its pool's runtime
+directory was (:func:`discovery.ownership.reap_registries`). Layout, all
 little-endian, every field 8-byte aligned::
 
     header  64 B   magic, layout version, capacity, block size, ring size,
@@ -29,6 +33,7 @@ unchanged around it. Limits: at most 2**24 slots; generations wrap after
 
 from __future__ import annotations
 
+import fcntl
 import logging
 import mmap
 import os
@@ -91,6 +96,7 @@ class Registry:
         finally:
             os.close(fd)
         self._buf: memoryview | None = memoryview(self._mmap)
+        self._held = -1  # the creator's lock on the segment (see the module)
         self.capacity = 0
         self.block_size = 0
         self.ring_size = 0
@@ -115,12 +121,15 @@ class Registry:
         flags = os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
         fd = os.open(path, flags, 0o600)
         try:
+            fcntl.flock(fd, fcntl.LOCK_SH)  # (the creator's, for the registry's life)
             os.ftruncate(fd, segment_size(capacity, block_size))
+            held = os.dup(fd)
         except BaseException:
             os.close(fd)
             os.unlink(path)
             raise
         self = cls(namespace, fd, created=True)
+        self._held = held
         ring = ring_size_for(capacity)
         fields = (b"", LAYOUT_VERSION, capacity, block_size, ring, STATE_OPEN)
         HEADER.pack_into(self._view, 0, *fields, os.getpid(), 0)
@@ -201,7 +210,10 @@ class Registry:
         return self._buf
 
     def close(self) -> None:
-        """Release the mapping. Never raises."""
+        """Release the mapping (and the creator's lock). Never raises."""
+        if self._held >= 0:
+            os.close(self._held)
+            self._held = -1
         if self._buf is not None:
             self._buf.release()
             self._buf = None

@@ -19,26 +19,13 @@ _HOMES: dict[str, str] = {
     "Pool": "pool.client.embedded",
     "ObjectRef": "pool.client.refs",
     "as_completed": "pool.client.progress",
+    # The errors a user reaches for first; every other one is in pool.errors.
     "NoWorkerAvailable": "pool.errors",
-    "PoolAlreadyRunning": "pool.errors",
     "PoolError": "pool.errors",
     "PoolNotRunning": "pool.errors",
-    "PoolRefused": "pool.errors",
-    "PoolStopping": "pool.errors",
-    "ProtocolMismatch": "pool.errors",
+    "RemoteError": "pool.errors",
+    "TaskTimeout": "pool.errors",
     "WorkerLost": "pool.errors",
-    "ArgumentsTooLarge": "workers.protocol.errors",
-    "BadTask": "workers.protocol.errors",
-    "DataGone": "workers.protocol.errors",
-    "FunctionNotFound": "workers.protocol.errors",
-    "InitializerFailed": "workers.protocol.errors",
-    "NotCallable": "workers.protocol.errors",
-    "RemoteError": "workers.protocol.errors",
-    "RemoteTraceback": "workers.protocol.errors",
-    "ResultTooLarge": "workers.protocol.errors",
-    "SharedMemoryFull": "workers.protocol.errors",
-    "TaskIdReused": "workers.protocol.errors",
-    "TaskTimeout": "workers.protocol.errors",
 }
 
 if TYPE_CHECKING:
@@ -50,31 +37,17 @@ if TYPE_CHECKING:
     from pool.client.refs import ObjectRef
     from pool.errors import (
         NoWorkerAvailable,
-        PoolAlreadyRunning,
         PoolError,
         PoolNotRunning,
-        PoolRefused,
-        PoolStopping,
-        ProtocolMismatch,
-        WorkerLost,
-    )
-    from workers.protocol.errors import (
-        ArgumentsTooLarge,
-        BadTask,
-        DataGone,
-        FunctionNotFound,
-        InitializerFailed,
-        NotCallable,
         RemoteError,
-        RemoteTraceback,
-        ResultTooLarge,
-        SharedMemoryFull,
-        TaskIdReused,
         TaskTimeout,
+        WorkerLost,
     )
 
 
 def __getattr__(name: str) -> Any:
+    if name == "errors":  # (`import pool` then `pool.errors.DataGone`)
+        return importlib.import_module("pool.errors")
     home = _HOMES.get(name)
     if home is None:
         raise AttributeError(f"module 'pool' has no attribute {name!r}")
@@ -88,28 +61,14 @@ def __dir__() -> list[str]:
 
 
 __all__ = [
-    "ArgumentsTooLarge",
     "AsyncClient",
-    "BadTask",
     "Client",
-    "DataGone",
-    "FunctionNotFound",
-    "InitializerFailed",
     "NoWorkerAvailable",
-    "NotCallable",
     "ObjectRef",
     "Pool",
-    "PoolAlreadyRunning",
     "PoolError",
     "PoolNotRunning",
-    "PoolRefused",
-    "PoolStopping",
-    "ProtocolMismatch",
     "RemoteError",
-    "RemoteTraceback",
-    "ResultTooLarge",
-    "SharedMemoryFull",
-    "TaskIdReused",
     "TaskTimeout",
     "WorkerLost",
     "__version__",

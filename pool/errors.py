@@ -1,19 +1,52 @@
-"""Errors of the pool, under :class:`PoolError`.
+"""Every error a user of shm-pool can meet, importable by name from here;
+all of them derive from :class:`PoolError` (defined in
+:mod:`discovery.errors`, the lowest layer, so that :mod:`discovery` and
+:mod:`workers` derive from it too).
 
-The dispatcher raises some of these on behalf of a task and they travel to
-the client pickled: each with facts is a :class:`~discovery.errors.Facts`,
-which pickling rebuilds whole.
+The errors of the pool itself are defined here. The dispatcher raises some
+of them on behalf of a task and they travel to the client pickled: each
+with facts is a :class:`~discovery.errors.Facts`, which pickling rebuilds
+whole. The rest are those of :mod:`discovery.errors` (namespaces and
+registries) and :mod:`workers.protocol.errors` (a task itself).
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 
-from discovery.errors import Facts
-
-
-class PoolError(Exception):
-    """Root of every error this package raises."""
+from discovery.errors import (
+    DiscoveryError,
+    Facts,
+    InvalidNamespace,
+    LockTimeout,
+    NamespaceInUse,
+    NamespaceNotFound,
+    PoolError,
+    RegistryCorrupt,
+    RegistryFull,
+    RegistryMismatch,
+    RegistryUnreachable,
+    UnknownEventType,
+    UnsafeRuntimeDirectory,
+    WorkerAlreadyRegistered,
+    WorkerInfoTooLarge,
+    WorkerNotRegistered,
+)
+from workers.protocol.errors import (
+    ArgumentsTooLarge,
+    BadTask,
+    DataGone,
+    FunctionNotFound,
+    InitializerFailed,
+    NotCallable,
+    RemoteError,
+    RemoteTraceback,
+    SharedMemoryFull,
+    TaskError,
+    TaskIdReused,
+    TaskTimeout,
+    TransferLost,
+)
 
 
 class PoolNotRunning(Facts, PoolError, ConnectionError):
@@ -129,3 +162,43 @@ def leaves(error: BaseException) -> Iterator[BaseException]:
             yield from leaves(inner)
     else:
         yield error
+
+
+__all__ = [
+    "ArgumentsTooLarge",
+    "BadTask",
+    "DataGone",
+    "DiscoveryError",
+    "FunctionNotFound",
+    "InitializerFailed",
+    "InvalidNamespace",
+    "LockTimeout",
+    "NamespaceInUse",
+    "NamespaceNotFound",
+    "NoWorkerAvailable",
+    "NotCallable",
+    "PoolAlreadyRunning",
+    "PoolError",
+    "PoolNotRunning",
+    "PoolRefused",
+    "PoolStopping",
+    "ProtocolMismatch",
+    "RegistryCorrupt",
+    "RegistryFull",
+    "RegistryMismatch",
+    "RegistryUnreachable",
+    "RemoteError",
+    "RemoteTraceback",
+    "SharedMemoryFull",
+    "TaskError",
+    "TaskIdReused",
+    "TaskTimeout",
+    "TransferLost",
+    "UnknownEventType",
+    "UnsafeRuntimeDirectory",
+    "WorkerAlreadyRegistered",
+    "WorkerInfoTooLarge",
+    "WorkerLost",
+    "WorkerNotRegistered",
+    "leaves",
+]

@@ -10,6 +10,12 @@ reaches the pool's workers.
 - ``n_jobs=-1`` is every slot of the pool (workers times concurrency), -2
   all but one, and so on; a positive ``n_jobs`` caps the batches this
   ``Parallel`` has in the pool at once (:class:`Batches` holds the rest).
+  ``n_jobs=None`` and ``n_jobs=1`` run where joblib's own backends run
+  them, in the caller, one call after another, unless
+  ``parallel_config(n_jobs=...)`` says otherwise: so does scikit-learn's
+  default, ``n_jobs=None``. (Code that counts or warns in the caller, or
+  keeps what only the caller's objects keep, then behaves as on joblib's
+  default backend.)
 - joblib batches the calls (``batch_size="auto"`` as for loky); each batch
   is one task, its arguments pickled with protocol 5, so a large array
   goes through shared memory, written once however many batches name it
@@ -194,7 +200,7 @@ class ShmPoolBackend(AutoBatchingMixin, ParallelBackendBase):  # type: ignore[mi
     supports_retrieve_callback = True  # so: return_as="generator", timeouts
     supports_sharedmem = False
     uses_threads = False
-    default_n_jobs = -1
+    default_n_jobs = 1  # (as joblib's: None runs in the caller; -1 asks for the pool)
 
     def __init__(
         self,
@@ -231,11 +237,15 @@ class ShmPoolBackend(AutoBatchingMixin, ParallelBackendBase):  # type: ignore[mi
         return self._client
 
     def effective_n_jobs(self, n_jobs: int | None) -> int:
-        """``n_jobs``, or for -1, -2, ... the pool's slots, all but one, ..."""
+        """``n_jobs``; for -1, -2, ... the pool's slots, all but one, ...;
+        for None, 1 (as joblib's backends: scikit-learn asks with its
+        default, None, to decide whether to split its work)."""
         if n_jobs == 0:
             raise ValueError("n_jobs == 0 in Parallel has no meaning")
-        if n_jobs is None or n_jobs < 0:
-            return max(self._opened().max_workers + 1 + (n_jobs or -1), 1)
+        if n_jobs is None:
+            return 1
+        if n_jobs < 0:
+            return max(self._opened().max_workers + 1 + n_jobs, 1)
         return n_jobs
 
     def configure(self, n_jobs: int = 1, parallel: Any = None, **_: Any) -> int:

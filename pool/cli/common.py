@@ -24,7 +24,7 @@ EXPECTED = (PoolError, DiscoveryError, TaskError, OSError)
 Commands: TypeAlias = "argparse._SubParsersAction[argparse.ArgumentParser]"
 
 
-class UsageError(Exception):
+class UsageError(PoolError):
     """A command-line argument that cannot be used as given."""
 
 

@@ -26,6 +26,7 @@ from discovery import (
     namespaces,
     owner_pid,
     paths,
+    reap_registries,
     sweep_dead,
 )
 from pool.cli.common import Commands, add_namespace, add_remote, command, remote_url
@@ -67,8 +68,9 @@ hold in /dev/shm now (`data`: segments named after its own), so a segment
 seen in /dev/shm can be traced to its pool. Segments of this user that no
 pool here names are listed too (another runtime directory's, or a leak).
 """
-CLEAN = """remove what dead pools left (segments and files), and the data
-segments of dead clients and workers; live ones are never touched"""
+CLEAN = """remove what dead pools left (segments and files; a registry segment
+of a pool of another runtime directory too, once nobody holds it), and the
+data segments of dead clients and workers; live ones are never touched"""
 
 
 def add(commands: Commands) -> None:
@@ -215,6 +217,8 @@ def run_ls(args: argparse.Namespace) -> int:
     if args.clean:
         for namespace in sweep_dead():
             print(f"removed what the dead pool {namespace!r} left")
+        for name in reap_registries():  # (of pools of other runtime directories)
+            print(f"removed the registry {name} of a dead pool")
         if reaped := owners.reap():
             print(f"removed {len(reaped)} data segments and locks of dead processes")
     rows = []

@@ -43,7 +43,7 @@ from pool.client.store import SWEEP_S, Store
 from pool.dispatcher_pb2 import ListWorkersRequest, Submission, SubmissionBatch
 from pool.errors import PoolError, PoolNotRunning, PoolRefused, ProtocolMismatch
 from workers.common.offload import Offload
-from workers.protocol import auth, codec, segments, transfer
+from workers.protocol import auth, codec, owners, segments, transfer
 from workers.protocol.owners import DataOwner
 from workers.protocol.stream import Cancels, Withdraw
 from workers.protocol.worker_pb2 import FetchRequest, Result, ResultBatch, Want
@@ -86,7 +86,7 @@ class Connection:
         # again while another is announced, until their lease has run out.
         self._broken: dict[str, float] = {}
         self.refused: PoolError | None = None  # once refused, always
-        self._offload = Offload("pool-client")  # finding the pool, off the loop
+        self._offload = Offload("pool-client-io")  # finding the pool, sweeps
 
     @classmethod
     async def open(cls, locator: Locator) -> Connection:
@@ -146,16 +146,18 @@ class Connection:
                 if sweeping is not None:
                     sweeping.cancel()
         finally:
-            if self.store is not None:
-                self.store.close()
+            if self.store is not None:  # (its segments: a scan of /dev/shm)
+                await _off_the_loop(self._offload, self.store.close)
             await self._offload.aclose()
 
     async def _sweep(self) -> None:
         """Unlink, every second, results for us that nobody will read."""
         assert self.store is not None
+        store = self.store
         while True:
             await asyncio.sleep(SWEEP_S)
-            self.store.sweep(self.ledger)
+            names = await self._offload.run(owners.names, store.owner.prefix)
+            store.sweep(self.ledger, names)
 
     async def _run(self) -> None:
         lost_at: float | None = None
@@ -365,3 +367,13 @@ class Connection:
         if finished():
             with contextlib.suppress(aio.AioRpcError, aio.UsageError):
                 await call.done_writing()  # the dispatcher ends the stream
+
+
+async def _off_the_loop(offload: Offload, close: Callable[[], None]) -> None:
+    """``close()`` on ``offload``'s thread; here if this task is cancelled
+    meanwhile (it must not be left undone)."""
+    try:
+        await offload.run(close)
+    except asyncio.CancelledError:
+        close()  # (never raises; a second call does nothing)
+        raise

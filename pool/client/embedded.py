@@ -10,6 +10,10 @@ client's pending futures are done (as ``ProcessPoolExecutor`` does). If
 this process is killed instead, its children exit by themselves, and the
 next pool to start removes what this one left (``discovery.sweep_dead``).
 
+What ``pool up`` would have printed is kept in :attr:`Pool.log`, its last
+:data:`LOG_LINES` lines only (a busy pool says a line a second per worker,
+for as long as it runs).
+
 In a notebook, or with a dashboard, the workers' output comes back through
 the pool (``capture_output``): each line a task prints is written to the
 stdout the pool was made under (the cell's), prefixed by its worker, and
@@ -26,6 +30,7 @@ import io
 import sys
 import threading
 import uuid
+from collections import deque
 from typing import Any, Final, TextIO
 
 import uvloop
@@ -35,9 +40,33 @@ from pool.client.progress import in_notebook
 from pool.errors import PoolError, leaves
 from pool.supervisor.orchestration import Supervisor
 from pool.supervisor.settings import PoolSettings
-from pool.supervisor.view import PlainView, output_line
+from pool.supervisor.view import Out, PlainView, output_line
 
 START_TIMEOUT_S: Final = 60.0
+LOG_LINES: Final = 1000  # what Pool.log keeps
+
+
+class RecentLines(io.TextIOBase):
+    """A text stream that keeps only its last ``lines`` lines (what
+    ``getvalue()`` returns, as ``io.StringIO``'s would)."""
+
+    def __init__(self, lines: int = LOG_LINES) -> None:
+        self._lines: deque[str] = deque(maxlen=lines)
+        self._partial = ""  # (a line written in pieces, until its newline)
+        self._lock = threading.Lock()
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, text: str) -> int:
+        with self._lock:
+            *whole, self._partial = (self._partial + text).split("\n")
+            self._lines.extend(whole)
+        return len(text)
+
+    def getvalue(self) -> str:
+        with self._lock:
+            return "".join(f"{line}\n" for line in self._lines) + self._partial
 
 
 class EchoView(PlainView):
@@ -45,7 +74,7 @@ class EchoView(PlainView):
     to ``echo`` too (the stdout of the code that made the pool: a notebook's
     cell), prefixed by its worker as ``pool up`` shows it, then logged."""
 
-    def __init__(self, log: TextIO, echo: TextIO | None) -> None:
+    def __init__(self, log: Out, echo: TextIO | None) -> None:
         super().__init__(log)
         self._echo = echo
 
@@ -97,7 +126,7 @@ class Pool:
         echo = in_notebook() or bool(settings.get("dashboard"))
         settings.setdefault("capture_output", echo)
         self.settings = PoolSettings(namespace=namespace, **settings)
-        self.log = io.StringIO()  # what `pool up` would have printed
+        self.log = RecentLines()  # what `pool up` would have printed, lately
         self._view = EchoView(self.log, sys.stdout if echo else None)
         self._thread: threading.Thread | None = None
         self._loop: asyncio.AbstractEventLoop | None = None

@@ -27,14 +27,14 @@ import pickle
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Container
+from collections.abc import Callable, Container, Iterable
 from dataclasses import dataclass
 from typing import Any, Final
 
 from pool.client.arena import Arena
 from pool.client.copies import Copies
 from pool.client.refs import RELEASED, ObjectRef, Packing, current
-from workers.protocol import owners, payload, segments, shipping
+from workers.protocol import payload, segments, shipping
 from workers.protocol.errors import SharedMemoryFull
 from workers.protocol.owners import DataOwner
 from workers.protocol.payload import INLINE_MAX
@@ -349,11 +349,14 @@ class Store:
             if found and self.owner.owns(segment.name) and found[3] != self.owner.id:
                 self._unlink(segment.name)
 
-    def sweep(self, pending: Container[int]) -> None:
+    def sweep(self, pending: Container[int], names: Iterable[str]) -> None:
         """Unlink values for us that no pending task will read (their task
         ended otherwise: cancelled, or answered by another attempt), and
-        the spares kept too long."""
-        for name in owners.names(self.owner.prefix):
+        the spares kept too long. ``names`` are this client's segments, as
+        :func:`~workers.protocol.owners.names` lists them (a scan of
+        ``/dev/shm``, which the caller makes off its loop); what is pending
+        is judged now."""
+        for name in names:
             found = SEGMENT_RE.fullmatch(name)
             if not found or found[3] == self.owner.id or found[4][0] != "r":
                 continue

@@ -61,6 +61,11 @@ class Link(abc.ABC):
         self.rtt_s = rtt_s  # a round trip to it
         self.progressed_at = 0.0  # when it last reported a start (or, idle, was sent)
         self.others = 0  # tasks its worker holds for other dispatchers, last told
+        self.connected = False  # its stream reached the worker
+        self.refused: str | None = None  # why the worker refused this dispatcher
+
+    def describe(self) -> str:
+        return f"worker pid {self.info.pid} ({str(self.info.uid)[:8]})"
 
     @property
     def slots(self) -> int:

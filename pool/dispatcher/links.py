@@ -75,7 +75,6 @@ class WorkerLink(Link):
         tls: grpc.ChannelCredentials | None = None,
     ) -> None:
         super().__init__(info, FIRST_RTT_S)
-        self._connected = False  # the stream reached the worker
         self._ended = False
         self._events = events
         self._token = token
@@ -107,14 +106,11 @@ class WorkerLink(Link):
     def ready(self) -> bool:
         """Takes tasks: connected, still streaming, registered and ready."""
         return (
-            self._connected
+            self.connected
             and not self._ended
             and not self.dropped
             and self.info.status == "ready"
         )
-
-    def describe(self) -> str:
-        return f"worker pid {self.info.pid} ({str(self.info.uid)[:8]})"
 
     def send(self, job: Job) -> None:
         if not self.in_flight:  # idle until now: its starts are not late
@@ -193,7 +189,7 @@ class WorkerLink(Link):
             await call.wait_for_connection()
         except aio.AioRpcError:
             return  # _receive reports it
-        self._connected = True
+        self.connected = True
         self._events.on_connected(self)
 
         async def write(jobs: list[Job], cancels: Cancels) -> bool:
@@ -253,6 +249,7 @@ class WorkerLink(Link):
             grpc.StatusCode.FAILED_PRECONDITION,
             grpc.StatusCode.UNAUTHENTICATED,
         ):
+            self.refused = f"{code.name}: {exc.details()}"
             log.error("%s refused this dispatcher: %s", self.describe(), exc.details())
         elif code != grpc.StatusCode.CANCELLED:
             log.info("%s: stream broke: %s", self.describe(), code.name)

@@ -28,10 +28,11 @@ import typing
 from dataclasses import dataclass
 from typing import Any, ClassVar, dataclass_transform
 
+from pool.errors import PoolError
 from workers.protocol.worker_pb2 import Failure
 
 
-class BadLine(ValueError):
+class BadLine(PoolError, ValueError):
     """A pipe line that is not one of its messages; the message says why."""
 
 

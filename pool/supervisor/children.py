@@ -27,6 +27,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final, Protocol, Self
 
+from discovery.errors import Facts
 from pool.errors import PoolError
 from workers.common.pipes import first_line
 from workers.common.serving import READY_PREFIX
@@ -136,14 +137,16 @@ class ChildFailed(PoolError):
     """A child process exited or hung before it was ready."""
 
 
-class InitializerFailedInChild(ChildFailed):
+class InitializerFailedInChild(Facts, ChildFailed):
     """A worker's initializer raised: ``failure`` (a serialized Failure of
     InitializerFailed, in base64) is what it reported."""
 
-    def __init__(self, name: str, failure: str) -> None:
-        self.failure = failure
-        message = Failure.FromString(base64.b64decode(failure)).message
-        super().__init__(f"{name}: {message}")
+    name: str
+    failure: str
+
+    def __str__(self) -> str:
+        message = Failure.FromString(base64.b64decode(self.failure)).message
+        return f"{self.name}: {message}"
 
 
 MAX_INITIALIZER_FAILURES: Final = 3

@@ -40,7 +40,7 @@ import os
 from collections.abc import Callable, Coroutine
 from typing import Any, Final
 
-from discovery import LocalDiscovery, NamespaceInUse, paths, sweep_dead
+from discovery import LocalDiscovery, NamespaceInUse, paths, reap_registries, sweep_dead
 from pool.client import announcements
 from pool.client.rendezvous import ADDRESS_FILE
 from pool.dispatcher import messages
@@ -59,7 +59,7 @@ from pool.supervisor.children import (
     terminate,
 )
 from pool.supervisor.control import ControlPipe
-from pool.supervisor.dashboard import dashboard_for
+from pool.supervisor.dashboard import dashboard_for, dashboard_key
 from pool.supervisor.output import relay
 from pool.supervisor.registrations import Registrations
 from pool.supervisor.settings import PoolSettings
@@ -94,7 +94,7 @@ class Supervisor:
             settings.namespace,
             settings.dashboard,
             settings.discovery_url,
-            settings.tls_ca,
+            (settings.tls_ca, settings.tls_cert, settings.tls_key),
         )
         self.view = Tee(view, self.dashboard.board) if self.dashboard else view
         self._on_ready = on_ready
@@ -180,15 +180,15 @@ class Supervisor:
     async def _prepare(self) -> None:
         """What the children need: other pools' leftovers gone, the token,
         and a pidfd of this process, whose end ends them."""
-        await self._offload.run(sweep_dead)
+        await self._offload.run(sweep_dead)  # (this runtime directory's pools)
+        await self._offload.run(reap_registries)  # (any other's)
         await dataplane.prepare(self._offload, self.settings)
         namespace, token_file = self.settings.namespace, self.settings.token_file
-        given = None
-        if token_file or os.environ.get(auth.TOKEN_ENV):
-            given = auth.token_for(namespace, token_file)
-        token = auth.create_token(namespace, given)
+        token = await self._offload.run(auth.pool_token, namespace, token_file)
         if self.dashboard is not None:
-            await self.dashboard.start(token, here=lambda: self.remote.address)
+            key_file = self.settings.dashboard_key_file
+            key = await self._offload.run(dashboard_key, key_file)
+            await self.dashboard.start(token, key, here=lambda: self.remote.address)
         self._parent_fd = os.pidfd_open(os.getpid())
 
     async def _warm(self, zygote: Zygote) -> None:
@@ -341,7 +341,10 @@ class Supervisor:
         self.remote = announcements.Announced(
             ready.get("remote", self.address), bool(ready.get("tls"))
         )
-        paths.write_private(self.settings.namespace, ADDRESS_FILE, self.address)
+        namespace = self.settings.namespace
+        await self._offload.run(
+            paths.write_private, namespace, ADDRESS_FILE, self.address
+        )
         if self._ready:
             await self._control.send(messages.Started())
         if self._inits.broken is not None:

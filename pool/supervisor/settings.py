@@ -34,8 +34,7 @@ from workers.common.options import (
     Listening,
     check_tcp,
 )
-from workers.common.spec import SettingError, Spec, check, values
-from workers.protocol.auth import TOKEN_ENV
+from workers.common.spec import SettingError, Spec, check, existing_file, values
 from workers.settings import (
     CONCURRENCY,
     GRACE_S,
@@ -57,8 +56,10 @@ DASHBOARD = Spec(
     None,
     "serve a live page of the pool and its Prometheus /metrics on [HOST:]PORT "
     f"(bare: {dashboard.DEFAULT_ADDRESS}; port 0: any free one; the ready line "
-    "names the URL). Off loopback, every request needs the pool's token, so "
-    "give --token-file. Needs the dashboard extra: " + dashboard.INSTALL,
+    "names the URL). Off loopback, every request needs the dashboard's own "
+    "key (--dashboard-key-file), never the pool's token, and a pool with "
+    "--tls-cert serves the page over TLS. Needs the dashboard extra: "
+    + dashboard.INSTALL,
     metavar="[HOST:]PORT",
     form="optional",
     const=dashboard.DEFAULT_ADDRESS,
@@ -121,6 +122,14 @@ class PoolSettings(Listening, Limits):
     ).field()
     max_queued: int = MAX_QUEUED_SPEC.field()
     dashboard: str | None = DASHBOARD.field()
+    dashboard_key_file: str | None = Spec(
+        None,
+        "with --dashboard off loopback: read the dashboard's key from PATH, what "
+        "its viewers give (once as /?key=KEY). It lets them see the pool, not "
+        "run code in it; at least 32 characters (`openssl rand -hex 32`)",
+        metavar="PATH",
+        check=existing_file("--dashboard-key-file"),
+    ).field()
     # Show what children write to stdout and stderr through the view, a line
     # at a time, prefixed by who wrote it (else they share the caller's).
     capture_output: bool = Spec(False, "", flag=None).field()
@@ -156,7 +165,7 @@ class PoolSettings(Listening, Limits):
                 "certificate, give it as its own CA)"
             )
         if self.dashboard is not None:
-            _check_dashboard(self.dashboard, self.token_file)
+            _check_dashboard(self.dashboard, self.dashboard_key_file)
         object.__setattr__(self, "initargs", tuple(self.initargs))
         for name in ("tls_ca", "tls_cert", "tls_key"):
             if (path := getattr(self, name)) is not None:
@@ -205,15 +214,16 @@ class PoolSettings(Listening, Limits):
         )
 
 
-def _check_dashboard(address: str, token_file: str | None) -> None:
-    """A dashboard others can reach asks for a token its users know; and it
+def _check_dashboard(address: str, key_file: str | None) -> None:
+    """A dashboard others can reach asks for a key its viewers know; and it
     needs its extra installed."""
     host, _ = dashboard.listen_address(address)
-    if not (dashboard.is_loopback(host) or token_file or os.environ.get(TOKEN_ENV)):
+    if not (dashboard.is_loopback(host) or key_file):
         raise SettingError(
             f"--dashboard on {host} is open to other machines, and every request "
-            "there must give the pool's token: give --token-file PATH (the token "
-            "its users give), or listen on loopback (--dashboard 127.0.0.1:PORT)"
+            "there must give the dashboard's key: give --dashboard-key-file PATH "
+            "(the key its viewers give), or listen on loopback "
+            "(--dashboard 127.0.0.1:PORT)"
         )
     if not all(
         importlib.util.find_spec(name) for name in ("aiohttp", "prometheus_client")

@@ -13,7 +13,7 @@ from __future__ import annotations
 import sys
 import time
 from collections import deque
-from typing import Any, Final, Protocol, TextIO
+from typing import Any, Final, Protocol
 
 from rich import box
 from rich.console import Console, Group
@@ -92,10 +92,19 @@ class Tee:
             view.close()
 
 
+class Out(Protocol):
+    """Where a :class:`PlainView` writes: a text stream, or what keeps its
+    lines (:class:`pool.client.embedded.RecentLines`)."""
+
+    def write(self, text: str, /) -> int: ...
+
+    def flush(self) -> None: ...
+
+
 class PlainView:
     """One line per event or note."""
 
-    def __init__(self, out: TextIO | None = None) -> None:
+    def __init__(self, out: Out | None = None) -> None:
         self._out = out or sys.stdout
 
     def event(self, event: DiscoveryEvent) -> None:

@@ -222,7 +222,7 @@ def test_a_put_reference_is_read_by_many_tasks_and_goes_with_its_last_holder(
         gate.touch()
         assert [f.result(timeout=60) for f in futures] == [float(a.sum())] * 16
         assert client.submit(data_tasks.total, a + 1).result(60) == float((a + 1).sum())
-        with pytest.raises(pool.DataGone, match="another payload"):
+        with pytest.raises(pool.errors.DataGone, match="another payload"):
             segments.attach(segment.name, segment.nonce, segment.size)
         released = client.put(a)
         released.release()
@@ -248,10 +248,10 @@ def test_a_full_shared_memory_is_a_typed_error_and_the_next_call_that_fits_works
     fails with SharedMemoryFull, naming sizes; nothing else is harmed, and
     the next call that fits runs."""
     with Pool(workers=1, shm_limit="16MiB") as client:
-        with pytest.raises(pool.SharedMemoryFull, match="shm-limit") as full:
+        with pytest.raises(pool.errors.SharedMemoryFull, match="shm-limit") as full:
             client.submit(data_tasks.total, np.ones(4 * MIB)).result(timeout=60)
         assert full.value.needed > 16 * MIB
-        with pytest.raises(pool.SharedMemoryFull, match="shm-limit"):
+        with pytest.raises(pool.errors.SharedMemoryFull, match="shm-limit"):
             client.submit(data_tasks.ones, 4 * MIB).result(timeout=60)
         assert client.submit(data_tasks.total, np.ones(MIB)).result(timeout=60) == MIB
         assert client.submit(data_tasks.ones, MIB).result(timeout=60).sum() == MIB

@@ -4,16 +4,19 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import json
+import subprocess
+import sys
 import threading
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from discovery import list_workers, paths
 from pool import (
     AsyncClient,
-    BadTask,
     Client,
     NoWorkerAvailable,
     Pool,
@@ -21,9 +24,10 @@ from pool import (
     PoolNotRunning,
     TaskTimeout,
 )
+from pool.errors import BadTask
 from tests.support import sample_tasks
-from tests.support.helpers import wait_until
-from tests.support.pools import processes_mentioning
+from tests.support.helpers import ROOT, wait_until
+from tests.support.pools import processes_mentioning, running_pool
 from tests.support.streams import eventually
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
@@ -190,3 +194,37 @@ def test_a_client_whose_connection_failed_fails_every_future(pool: Pool) -> None
     later = client.submit(sample_tasks.square, 4)
     with pytest.raises(PoolError, match="connection failed"):
         later.result(30)
+
+
+def _loop_io(*args: str) -> dict[str, Any]:
+    """What ``tests.support.loop_io`` saw (run in a process of its own: an
+    audit hook cannot be removed)."""
+    done = subprocess.run(
+        [sys.executable, "-m", "tests.support.loop_io", *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    seen: dict[str, Any] = json.loads(done.stdout.splitlines()[-1])
+    return seen
+
+
+def test_the_clients_loop_never_scans_dev_shm(namespace: str) -> None:
+    """The client sweeps the results nobody will read each second: its scan
+    of /dev/shm (thousands of entries on a busy machine) runs on a thread
+    of its offload, never on its event loop. Regression: on the loop."""
+    with running_pool(namespace, "--workers", "1"):
+        seen = _loop_io("client", namespace)
+    assert len(seen["scans"]) >= 2
+    assert seen["loop"] not in seen["scans"]
+
+
+def test_the_supervisors_loop_never_writes_a_file() -> None:
+    """The supervisor writes the pool's files (its token, where clients find
+    the dispatcher, the data plane's) from a thread of its offload, never
+    on its event loop. Regression: the token and the address, on the loop."""
+    seen = _loop_io("pool")
+    assert len(seen["writes"]) >= 3, seen
+    assert seen["loop"] not in seen["writes"]

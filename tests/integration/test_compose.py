@@ -111,10 +111,14 @@ def test_the_compose_topology_runs_tasks(
     token = tmp_path / "token"
     token.write_text(secrets.token_hex(32))
     token.chmod(0o600)
+    key = tmp_path / "dashboard-key"
+    key.write_text(secrets.token_hex(32))
+    key.chmod(0o600)
     port, second_port = free_port(), free_port()
     names = {
         "redis://redis:6379": redis_server.url,
         "/run/secrets/pool_token": str(token),
+        "/run/secrets/dashboard_key": str(key),
         "--namespace=default": f"--namespace={namespace}",
         "--port=7070": f"--port={port}",
         "localhost:7070": f"127.0.0.1:{port}",
@@ -158,10 +162,12 @@ def test_the_compose_topology_runs_tasks(
             ]
             pids = set(client.map(sample_tasks.pid_after, [0.2] * 8))
             assert len(pids) == WORKERS
-        # Its dashboard, on all addresses, asks for the token.
+        # Its dashboard, on all addresses, asks for its key (not the token).
         page = ready.split("dashboard=")[1].split()[0].replace("0.0.0.0", "127.0.0.1")
         assert http_get(page + "metrics")[0] == 401
         bearer = {"Authorization": f"Bearer {token.read_text()}"}
+        assert http_get(page + "metrics", bearer)[0] == 401
+        bearer = {"Authorization": f"Bearer {key.read_text()}"}
         metrics = http_get(page + "metrics", bearer)[2]
         assert f'shmpool_workers{{status="ready"}} {WORKERS}.0' in metrics
         first.close()  # `docker compose stop dispatcher`

@@ -13,6 +13,7 @@ import os
 import secrets
 import signal
 import socket
+import ssl
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -29,7 +30,9 @@ from tests.support.pools import (
     metrics_of,
     pool_command,
     running_pool,
+    self_signed,
 )
+from workers.protocol.auth import read_token
 
 pytestmark = pytest.mark.integration
 
@@ -132,61 +135,86 @@ def test_metrics_count_every_task(namespace: str) -> None:
             assert name in after
 
 
-def test_a_dashboard_off_loopback_asks_for_the_token(
+def _key_file(tmp_path: Path) -> tuple[str, Path]:
+    key = secrets.token_hex(32)
+    key_file = tmp_path / "dashboard-key"
+    key_file.write_text(key)
+    key_file.chmod(0o600)
+    return key, key_file
+
+
+def test_a_dashboard_off_loopback_asks_for_its_own_key(
     namespace: str, tmp_path: Path
 ) -> None:
-    """On 0.0.0.0 every request needs the pool's token: refused without it or
-    with a wrong one; taken as a header, or once as ?token=, which sets a
-    cookie and redirects to the page without it."""
-    token = secrets.token_hex(32)
-    token_file = tmp_path / "token"
-    token_file.write_text(token)
-    token_file.chmod(0o600)
-    args = (
-        "--workers",
-        "1",
-        "--dashboard",
-        "0.0.0.0:0",
-        "--token-file",
-        str(token_file),
-    )
-    with running_pool(namespace, *args) as pool:
+    """On 0.0.0.0 every request needs the dashboard's key, not the pool's
+    token (which is refused there, as any other wrong key): taken as a
+    header, or once as ?key=, which redirects to the page without it and
+    sets a session cookie that is not the key (HttpOnly, SameSite=Strict,
+    named for the port, and not Secure on plain HTTP)."""
+    key, key_file = _key_file(tmp_path)
+    args = ("--workers", "1", "--dashboard", "0.0.0.0:0")
+    with running_pool(namespace, *args, "--dashboard-key-file", str(key_file)) as pool:
         url = dashboard_url(pool).replace("0.0.0.0", "127.0.0.1")
+        port = url.rsplit(":", 1)[1].strip("/")
+        token = read_token(namespace)
         for path in ("", "metrics", "events", "api/state", "static/dashboard.js"):
             status, _, body = http_get(url + path)
             assert status == 401, (path, status)
-            assert "needs the pool's token" in body
-        assert (
-            http_get(url + "metrics", {"Authorization": "Bearer " + "0" * 64})[0] == 401
-        )
-        status, _, body = http_get(
-            url + "metrics", {"Authorization": f"Bearer {token}"}
-        )
+            assert "needs its key" in body and token not in body
+        for wrong in ("0" * 64, token):
+            bearer = {"Authorization": f"Bearer {wrong}"}
+            assert http_get(url + "metrics", bearer)[0] == 401
+        assert http_get(url + f"?key={token}")[0] == 401
+        status, _, body = http_get(url + "metrics", {"Authorization": f"Bearer {key}"})
         assert status == 200 and "shmpool_workers" in body
-        status, headers, _ = http_get(url + f"?token={token}")
+        status, headers, _ = http_get(url + f"?key={key}")
         assert status == 303 and headers["Location"] == "/"
         cookie = headers["Set-Cookie"]
+        assert cookie.startswith(f"shmpool_view_{port}=")
         assert "HttpOnly" in cookie and "SameSite=Strict" in cookie
-        status, _, body = http_get(url, {"Cookie": cookie.split(";")[0]})
+        assert "Secure" not in cookie and "Path=/" in cookie
+        session = cookie.split(";")[0]
+        assert key not in session and token not in session
+        status, _, body = http_get(url, {"Cookie": session})
         assert status == 200 and "<title>shm-pool</title>" in body
+        forged = session.rsplit(".", 1)[0] + "." + "0" * 64
+        assert http_get(url, {"Cookie": forged})[0] == 401
 
 
-def test_a_dashboard_off_loopback_without_a_token_file_is_refused(
+def test_a_dashboard_off_loopback_serves_tls_with_the_pools_certificate(
+    namespace: str, tmp_path: Path
+) -> None:
+    """A pool with a certificate serves its dashboard off loopback over TLS,
+    with that certificate, and its session cookie is Secure."""
+    key, key_file = _key_file(tmp_path)
+    cert, cert_key = self_signed(tmp_path, "127.0.0.1")
+    tls = ("--tls-cert", str(cert), "--tls-key", str(cert_key), "--tls-ca", str(cert))
+    args = ("--workers", "1", "--host", "127.0.0.1", *tls, "--dashboard", "0.0.0.0:0")
+    with running_pool(namespace, *args, "--dashboard-key-file", str(key_file)) as pool:
+        url = dashboard_url(pool).replace("0.0.0.0", "127.0.0.1")
+        assert url.startswith("https://")
+        trusted = ssl.create_default_context(cafile=str(cert))
+        status, headers, _ = http_get(url + f"?key={key}", context=trusted)
+        assert status == 303 and "Secure" in headers["Set-Cookie"]
+        with pytest.raises(urllib.error.URLError):  # (a client that checks)
+            http_get(url)
+        plain = url.replace("https://", "http://")
+        with pytest.raises((urllib.error.URLError, ConnectionError)):
+            http_get(plain)
+
+
+def test_a_dashboard_off_loopback_without_a_key_file_is_refused(
     namespace: str,
 ) -> None:
-    """Without a token its users know, a dashboard on 0.0.0.0 does not start:
+    """Without a key its viewers know, a dashboard on 0.0.0.0 does not start
+    (a token file is not enough: the page never takes the pool's token):
     exit status 2, saying what to give."""
-    env_token = os.environ.pop("SHMPOOL_TOKEN", None)
-    try:
-        done = pool_command(
-            "up", "-n", namespace, "--workers", "1", "--dashboard", "0.0.0.0:8787"
-        )
-    finally:
-        if env_token is not None:
-            os.environ["SHMPOOL_TOKEN"] = env_token
+    done = pool_command(
+        "up", "-n", namespace, "--workers", "1", "--dashboard", "0.0.0.0:8787"
+    )
     assert done.returncode == 2, done.stderr
     assert "--dashboard on 0.0.0.0 is open to other machines" in done.stderr
-    assert "give --token-file PATH" in done.stderr
+    assert "give --dashboard-key-file PATH" in done.stderr
 
 
 def test_a_busy_dashboard_port_is_named(namespace: str) -> None:

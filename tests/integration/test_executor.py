@@ -20,8 +20,9 @@ from typing import Any
 import pytest
 
 from discovery import paths, reclaim
-from pool import Client, Pool, PoolNotRunning, RemoteTraceback
+from pool import Client, Pool, PoolNotRunning
 from pool.dispatcher_pb2 import ListWorkersRequest
+from pool.errors import RemoteTraceback
 from tests.support import sample_tasks
 from tests.support.helpers import wait_until
 from tests.support.pools import RunningPool, processes_mentioning

@@ -196,10 +196,10 @@ def test_each_bad_task_gets_its_status_and_the_rest_run(namespace: str) -> None:
                 assert message in bad.failure.message
                 assert value(good) == i * i
         with Client(namespace) as client:
-            with pytest.raises(pool.FunctionNotFound) as raised:
+            with pytest.raises(pool.errors.FunctionNotFound) as raised:
                 client.submit("no_such_module:f").result(timeout=30)
             assert raised.value.status == S.NOT_FOUND
-            with pytest.raises(pool.ArgumentsTooLarge, match="limit of 4096"):
+            with pytest.raises(pool.errors.ArgumentsTooLarge, match="limit of 4096"):
                 client.submit(sample_tasks.square, b"x" * LIMIT).result(timeout=30)
             assert client.submit(sample_tasks.square, 7).result(timeout=30) == 49
 

@@ -53,7 +53,7 @@ def test_a_failing_initializer_fails_every_task_with_its_own_exception(
         assert " workers=0 " in up.ready_line  # (none started)
         with Client(namespace) as client:
             for fn in (sample_tasks.read_base, os.getpid):
-                with pytest.raises(pool.InitializerFailed) as raised:
+                with pytest.raises(pool.errors.InitializerFailed) as raised:
                     client.submit(fn).result(timeout=DEADLINE_S)
                 failed = raised.value
                 assert isinstance(failed.exception, RuntimeError)

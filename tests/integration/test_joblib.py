@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import functools
 import gc
+import os
 import pickle
 import subprocess
 import sys
@@ -28,7 +29,7 @@ from pool import Client, Pool
 from pool.cli.inspect import dispatcher_view
 from pool.client.rendezvous import Locator
 from tests.support import joblib_tasks
-from tests.support.helpers import DEADLINE_S, wait_until
+from tests.support.helpers import DEADLINE_S, ROOT, wait_until
 from workers.protocol import owners
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
@@ -73,6 +74,61 @@ def test_scikit_learn_on_a_pool_of_its_own_gives_what_loky_gives() -> None:
     with parallel_config(backend=pool.joblib.BACKEND, workers=2):
         assert joblib_tasks.fits() == pickle.loads(loky.stdout)
     gc.collect()
+
+
+# scikit-learn's own tests of n_jobs, and those that failed on the pool
+# when n_jobs=None ran there (a warning or a count in the caller, an object
+# dtype that a pickle loses).
+SKLEARN_TESTS = (
+    ("sklearn.inspection.tests.test_permutation_importance", ""),
+    ("sklearn.neighbors.tests.test_neighbors", "radius_neighbors_regressor or n_jobs"),
+    ("sklearn.model_selection.tests.test_validation", "scor or n_jobs or parallel"),
+)
+
+
+def _sklearn_outcomes(tmp_path: Path, *plugin: str) -> dict[str, str]:
+    """Each test of :data:`SKLEARN_TESTS` and how it ended (PASSED, FAILED,
+    ...), run by pytest in a process of its own (with ``plugin``)."""
+    outcomes: dict[str, str] = {}
+    for module, selection in SKLEARN_TESTS:
+        isolated = [
+            "-c",
+            os.devnull,
+            "--rootdir",
+            str(tmp_path),
+            "-p",
+            "no:cacheprovider",
+        ]
+        chosen = ["--pyargs", module, *(["-k", selection] if selection else [])]
+        done = subprocess.run(
+            [sys.executable, "-m", "pytest", "-q", "-rA", *isolated, *plugin, *chosen],
+            capture_output=True,
+            text=True,
+            timeout=600,
+            cwd=tmp_path,
+            env={**os.environ, "PYTHONPATH": str(ROOT)},
+        )
+        assert done.returncode in (0, 1), done.stdout[-3000:] + done.stderr[-3000:]
+        for line in done.stdout.splitlines():
+            outcome, _, test = line.partition(" ")
+            if outcome in ("PASSED", "FAILED", "ERROR", "SKIPPED", "XFAIL", "XPASS"):
+                outcomes[f"{module}::{test.split(' - ')[0].lstrip(':')}"] = outcome
+    return outcomes
+
+
+@pytest.mark.timeout(900)
+def test_scikit_learns_own_tests_end_on_the_pool_as_on_joblibs_default(
+    tmp_path: Path,
+) -> None:
+    """scikit-learn's own tests of n_jobs (:data:`SKLEARN_TESTS`), run with
+    ``parallel_config(backend="shm-pool", workers=2)`` around the session,
+    end each as they end on joblib's default backend: n_jobs=None runs in
+    the caller, where joblib runs it."""
+    theirs = _sklearn_outcomes(tmp_path)
+    ours = _sklearn_outcomes(tmp_path, "-p", "tests.support.sklearn_on_pool")
+    assert len(theirs) > 50 and "PASSED" in theirs.values()
+    differ = {t: (theirs.get(t), ours.get(t)) for t in theirs.keys() | ours.keys()}
+    assert {t: o for t, o in differ.items() if o[0] != o[1]} == {}
 
 
 def test_n_jobs_caps_the_batches_in_the_pool(client: Client, tmp_path: Path) -> None:
@@ -158,8 +214,26 @@ def test_generators_and_a_parallel_inside_a_task(client: Client) -> None:
         i**3 for i in range(50)
     ]
     with parallel_config(backend=pool.joblib.BACKEND):
-        inner = Parallel()(delayed(joblib_tasks.inner_backends)() for _ in range(2))
+        inner = Parallel(n_jobs=2)(
+            delayed(joblib_tasks.inner_backends)() for _ in range(2)
+        )
     assert inner == [("SequentialBackend", "ThreadingBackend", [0, 1, 2])] * 2
+
+
+def test_n_jobs_none_and_1_run_in_the_caller_as_on_joblibs_backends(
+    client: Client,
+) -> None:
+    """``n_jobs=None`` (scikit-learn's default) and ``n_jobs=1`` run in this
+    process, as joblib's own backends run them; ``parallel_config(n_jobs=-1)``
+    or ``n_jobs=-1`` sends the calls to the pool."""
+    here = os.getpid()
+    calls = [delayed(os.getpid)() for _ in range(8)]
+    with parallel_config(backend=pool.joblib.BACKEND, client=client):
+        assert set(Parallel()(calls)) == {here}
+        assert set(Parallel(n_jobs=1)(calls)) == {here}
+        assert here not in set(Parallel(n_jobs=-1)(calls))
+    with parallel_config(backend=pool.joblib.BACKEND, client=client, n_jobs=-1):
+        assert here not in set(Parallel()(calls))
 
 
 def test_a_large_array_crosses_once_however_many_calls_name_it(

@@ -2,9 +2,15 @@
 
 from __future__ import annotations
 
+import functools
 import os
+import shutil
 import struct
+import subprocess
+import sys
+import tempfile
 from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 
@@ -17,7 +23,13 @@ from discovery import (
     sweep_dead,
 )
 from discovery.registry import Registry
-from tests.support.helpers import agent
+from tests.support.helpers import ROOT, LineReader, agent, wait_until
+from tests.support.pools import (
+    RunningPool,
+    pool_command,
+    processes_mentioning,
+    running_pool,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -95,3 +107,62 @@ def test_sweep_removes_dead_namespaces_only(
         assert os.path.exists(_segment(alive))
         assert paths.namespace_dir(unowned, create=False).exists()
     paths.remove_namespace_dir(unowned)
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("sweeper", ["pool ls --clean", "a pool that starts"])
+def test_what_a_killed_pool_left_is_reaped_whatever_its_runtime_directory(
+    sweeper: str, make_namespace: Callable[[], str], request: pytest.FixtureRequest
+) -> None:
+    """A pool and its client SIGKILLed with data in shared memory, both in a
+    runtime directory of their own: `pool ls --clean`, or a pool that
+    starts, with another runtime directory removes the pool's registry and
+    the client's data and locks; a live pool of a third runtime directory
+    keeps everything. Regression: the registry stayed, listed as
+    pool=unknown, and no later pool removed it."""
+    dead, alive = make_namespace(), make_namespace()
+    # (Short paths: a unix socket's must fit in 108 bytes.)
+    theirs, third = (Path(tempfile.mkdtemp(prefix="shmp-rd-")) for _ in range(2))
+    for directory in (theirs, third):
+        request.addfinalizer(functools.partial(shutil.rmtree, directory))
+    key = paths.segment_name(dead)
+    with running_pool(alive, "--workers", "1", runtime_dir=third) as live:
+        _kill_with_data(dead, theirs)
+        left = [n for n in os.listdir(paths.SHM_DIR) if n.startswith(key)]
+        assert key in left and len(left) >= 3, left  # registry, data, a lock
+        if sweeper == "pool ls --clean":
+            done = pool_command("ls", "--clean")
+            assert done.returncode == 0, done.stderr
+            assert f"removed the registry {key} of a dead pool" in done.stdout
+        else:
+            with running_pool(make_namespace(), "--workers", "1"):
+                pass
+        assert [n for n in os.listdir(paths.SHM_DIR) if n.startswith(key)] == []
+        assert (paths.SHM_DIR / paths.segment_name(alive)).exists()
+        assert live.proc.poll() is None
+
+
+def _kill_with_data(namespace: str, runtime_dir: Path) -> None:
+    """A pool of ``namespace`` in ``runtime_dir``, and a client of it with an
+    array in shared memory: both SIGKILLed; its children gone after them."""
+    pool = RunningPool(namespace, "--workers", "1", runtime_dir=runtime_dir)
+    try:
+        pool.wait_for("ready ", 60)
+        client = subprocess.Popen(
+            [sys.executable, "-m", "tests.support.data_client", namespace],
+            stdout=subprocess.PIPE,
+            text=True,
+            cwd=ROOT,
+            env={**os.environ, "XDG_RUNTIME_DIR": str(runtime_dir)},
+        )
+        assert client.stdout is not None
+        with client.stdout:
+            try:
+                LineReader(client.stdout).wait_for("writing 1", 60)  # (one crossed)
+            finally:
+                client.kill()
+                client.wait()
+    finally:
+        pool.proc.kill()
+        pool.close()
+    wait_until(lambda: processes_mentioning(namespace) == [], 30)

@@ -9,15 +9,11 @@ import grpc
 import pytest
 
 from discovery import list_workers, paths
-from pool import (
-    Client,
-    PoolStopping,
-    ProtocolMismatch,
-    RemoteTraceback,
-)
+from pool import Client
 from pool.client.rendezvous import locate
 from pool.dispatcher_pb2 import ListWorkersRequest, SubmissionBatch
 from pool.dispatcher_pb2_grpc import DispatcherStub
+from pool.errors import PoolStopping, ProtocolMismatch, RemoteTraceback
 from tests.support import sample_tasks
 from tests.support.helpers import wait_until
 from tests.support.pools import (

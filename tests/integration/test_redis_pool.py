@@ -31,6 +31,7 @@ from tests.support.pools import (
     pool_command,
     processes_mentioning,
     running_pool,
+    self_signed,
 )
 from tests.support.redis_server import RedisServer
 from workers.protocol import auth
@@ -117,22 +118,6 @@ def test_a_hung_host_drops_and_its_tasks_finish_elsewhere(
             assert f"pid={hung} " in dropped
 
 
-def _self_signed(directory: Path, ip: str) -> tuple[Path, Path]:
-    """A certificate for ``ip`` (its own CA) and its key, made by openssl."""
-    cert, key = directory / "cert.pem", directory / "key.pem"
-    subprocess.run(
-        [
-            *("openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes"),
-            *("-keyout", str(key), "-out", str(cert), "-days", "1"),
-            *("-subj", f"/CN={ip}", "-addext", f"subjectAltName=IP:{ip}"),
-        ],
-        check=True,
-        capture_output=True,
-        timeout=60,
-    )
-    return cert, key
-
-
 def test_a_worker_on_another_host_can_serve_tls(
     namespace: str, redis_server: RedisServer, tmp_path: Path
 ) -> None:
@@ -142,7 +127,7 @@ def test_a_worker_on_another_host_can_serve_tls(
     can write to Redis could publish, are never sent a task (nor the
     token): a plain-text worker on 127.0.0.3, and a unix socket outside the
     pool's directory. `pool up` says why, once each."""
-    cert, key = _self_signed(tmp_path, "127.0.0.2")
+    cert, key = self_signed(tmp_path, "127.0.0.2")
     url = redis_server.url
     tls = ["--tls-cert", str(cert), "--tls-key", str(key)]
     with running_pool(
@@ -334,7 +319,7 @@ def test_the_dispatcher_can_serve_tls_to_clients_of_other_machines(
     chunks); this machine's clients reach the
     pool by its unix socket, as without --host. Half of it (a certificate
     without a CA) is a usage error."""
-    cert, key = _self_signed(tmp_path, "127.0.0.1")
+    cert, key = self_signed(tmp_path, "127.0.0.1")
     token = tmp_path / "token"
     token.write_text(secrets.token_hex(32))
     token.chmod(0o600)

@@ -150,7 +150,7 @@ def test_ship_modules_sends_a_module_the_workers_cannot_import(
     with running_pool(namespace, "--workers", "1"):
         with Client(namespace) as client:
             future = client.submit(local_module.unbox, local_module.Box(1))
-            with pytest.raises(pool.BadTask) as raised:
+            with pytest.raises(pool.errors.BadTask) as raised:
                 future.result(timeout=DEADLINE_S)
             message = str(raised.value)
             assert f"'{local_module.__name__}'" in message

@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 
 from discovery import owner_pid, paths
-from pool import Client, Pool, PoolStopping
+from pool import Client, Pool
+from pool.errors import PoolStopping
 from tests.support import sample_tasks
 from tests.support.helpers import ROOT, LineReader, wait_until
 from tests.support.pools import processes_mentioning, running_pool

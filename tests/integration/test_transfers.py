@@ -11,9 +11,10 @@ from pathlib import Path
 import numpy
 import pytest
 
-from pool import Client, DataGone
+from pool import Client
 from pool.client.ledger import MAX_REFETCHES, Ledger
 from pool.dispatcher_pb2 import Submission
+from pool.errors import DataGone
 from tests.support import sample_tasks
 from tests.support.helpers import wait_until
 from tests.support.pools import running_pool

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import re
 import signal
+import ssl
 import subprocess
 import sys
 import urllib.error
@@ -148,14 +149,21 @@ def dashboard_url(pool: RunningPool) -> str:
     return found.group(1)
 
 
-def http_get(url: str, headers: dict[str, str] | None = None) -> tuple[int, Any, str]:
-    """Status, headers and body of a GET that follows no redirect."""
+def http_get(
+    url: str,
+    headers: dict[str, str] | None = None,
+    context: ssl.SSLContext | None = None,
+) -> tuple[int, Any, str]:
+    """Status, headers and body of a GET that follows no redirect (over TLS
+    with ``context``, for an https URL)."""
 
     class NoRedirect(urllib.request.HTTPRedirectHandler):
         def redirect_request(self, *args: Any, **kwargs: Any) -> None:
             return None
 
-    opener = urllib.request.build_opener(NoRedirect)
+    opener = urllib.request.build_opener(
+        NoRedirect, urllib.request.HTTPSHandler(context=context)
+    )
     try:
         with opener.open(
             urllib.request.Request(url, headers=headers or {}), timeout=10
@@ -175,3 +183,19 @@ def metrics_of(url: str) -> dict[str, float]:
             labels = ",".join(f"{k}={v}" for k, v in sorted(sample.labels.items()))
             samples[f"{sample.name}{{{labels}}}"] = sample.value
     return samples
+
+
+def self_signed(directory: Path, ip: str) -> tuple[Path, Path]:
+    """A certificate for ``ip`` (its own CA) and its key, made by openssl."""
+    cert, key = directory / "cert.pem", directory / "key.pem"
+    subprocess.run(
+        [
+            *("openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes"),
+            *("-keyout", str(key), "-out", str(cert), "-days", "1"),
+            *("-subj", f"/CN={ip}", "-addext", f"subjectAltName=IP:{ip}"),
+        ],
+        check=True,
+        capture_output=True,
+        timeout=60,
+    )
+    return cert, key

@@ -24,9 +24,12 @@ from workers.protocol.worker_pb2 import Chunk, FetchRequest, Result, Task
 class FakeLink(Link):
     """A worker's stream that the test plays: it takes, answers and dies."""
 
-    def __init__(self, info: WorkerInfo, router: LinkEvents) -> None:
+    def __init__(
+        self, info: WorkerInfo, router: LinkEvents, refusal: str | None = None
+    ) -> None:
         super().__init__(info, rtt_s=0.001)
         self.router = router
+        self._refusal = refusal  # the worker refuses this dispatcher so
         self.written: list[Job] = []  # what reached the worker
         self.unwritten: list[Job] = []  # sent, not yet written
         self.cancels: list[int] = []
@@ -65,6 +68,10 @@ class FakeLink(Link):
         ].append(task_id)
 
     async def run(self) -> None:
+        if self._refusal is not None:  # (as a worker that refuses the token)
+            self.refused = self._refusal
+            return
+        self.connected = True
         self.router.on_connected(self)  # (ready from the start, as its stream)
         await self._ended.wait()
 
@@ -140,8 +147,16 @@ class Owner:
 class World:
     """A router, its fake links by worker name, and one owner."""
 
-    def __init__(self, router: Router, links: dict[uuid.UUID, FakeLink]) -> None:
+    def __init__(
+        self,
+        router: Router,
+        links: dict[uuid.UUID, FakeLink],
+        refusals: dict[uuid.UUID, str],
+        linked: list[uuid.UUID],
+    ) -> None:
         self.router, self._links, self.owner = router, links, Owner()
+        self.refusals = refusals  # what each worker refuses this dispatcher with
+        self.linked = linked  # each worker's uid, every time a link is made to it
         self.infos: dict[str, WorkerInfo] = {}
         self._next_id = 0
 
@@ -174,14 +189,17 @@ class World:
 @asynccontextmanager
 async def world(**options: Any) -> AsyncIterator[World]:
     links: dict[uuid.UUID, FakeLink] = {}
+    refusals: dict[uuid.UUID, str] = {}
+    linked: list[uuid.UUID] = []
 
     def connect(info: WorkerInfo, router: LinkEvents) -> FakeLink:
-        links[info.uid] = FakeLink(info, router)
+        links[info.uid] = FakeLink(info, router, refusals.get(info.uid))
+        linked.append(info.uid)
         return links[info.uid]
 
     alive = options.pop("alive", lambda namespace, uid: False)
     async with Router("ns", connect, is_alive=alive, **options) as router:
-        yield World(router, links)
+        yield World(router, links, refusals, linked)
 
 
 async def settle() -> None:

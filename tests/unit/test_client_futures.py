@@ -10,12 +10,13 @@ import threading
 
 import pytest
 
-from pool import PoolNotRunning, RemoteTraceback
+from pool import PoolNotRunning
 from pool.client.cancels import Ask
 from pool.client.core import Submissions
 from pool.client.futures import PoolFuture
 from pool.client.handlers import FutureHandler
 from pool.client.ledger import Ledger
+from pool.errors import RemoteTraceback
 from tests.support import sample_tasks
 from workers.protocol import codec
 from workers.protocol.stream import MAX_BATCH_TASKS, Withdraw

@@ -1,20 +1,27 @@
 """Every error of the project crosses a process as itself: a task that
 raises one (or lets one of ours through) hands its client the same class,
-facts and message, not a ``RemoteError``."""
+facts and message, not a ``RemoteError``; and every one is a
+``pool.PoolError``. The errors are found by walking every module of the
+three packages, so a new one is checked without being listed."""
 
 from __future__ import annotations
 
+import base64
+import importlib
 import inspect
 import pickle
-import types
+import pkgutil
 import uuid
 from typing import Any
 
 import pytest
 
+import discovery
 import discovery.errors
+import pool
 import pool.errors
-import workers.protocol.errors
+import workers
+from workers.protocol.worker_pb2 import Failure
 
 # A value for each kind of fact, by its annotation (as written).
 _SAMPLES: dict[str, Any] = {
@@ -29,16 +36,35 @@ _SAMPLES: dict[str, Any] = {
 }
 
 
-def _errors(*modules: types.ModuleType) -> list[type[BaseException]]:
-    return [
-        value
-        for module in modules
-        for value in vars(module).values()
-        if isinstance(value, type)
-        and issubclass(value, BaseException)
-        and value.__module__ == module.__name__
-        and value is not discovery.errors.Facts  # (a form, never raised itself)
-    ]
+# A value for a fact whose name says more than its annotation.
+_BY_NAME: dict[str, Any] = {
+    "failure": base64.b64encode(
+        Failure(message="it raised").SerializeToString()
+    ).decode(),
+}
+
+
+def _errors() -> list[type[BaseException]]:
+    """Every exception class defined in a module of the three packages
+    (their ``__main__`` modules aside: importing one runs it)."""
+    found = []
+    for package in (discovery, workers, pool):
+        for info in pkgutil.walk_packages(package.__path__, f"{package.__name__}."):
+            if info.name.endswith(".__main__"):
+                continue
+            module = importlib.import_module(info.name)
+            found += [
+                value
+                for value in vars(module).values()
+                if isinstance(value, type)
+                and issubclass(value, BaseException)
+                and value.__module__ == module.__name__
+                and value is not discovery.errors.Facts  # (a form, never raised)
+            ]
+    return found
+
+
+ERRORS = _errors()
 
 
 def _sample(cls: type[BaseException]) -> BaseException:
@@ -47,14 +73,27 @@ def _sample(cls: type[BaseException]) -> BaseException:
     params = list(inspect.signature(cls.__init__).parameters.values())[1:]
     if any(param.kind is param.VAR_POSITIONAL for param in params):
         return cls("what went wrong")  # (a builtin's __init__: a message)
-    return cls(**{param.name: _SAMPLES[str(param.annotation)] for param in params})
+    return cls(
+        **{
+            param.name: _BY_NAME.get(param.name, _SAMPLES[str(param.annotation)])
+            for param in params
+        }
+    )
 
 
-@pytest.mark.parametrize(
-    "cls",
-    _errors(discovery.errors, workers.protocol.errors, pool.errors),
-    ids=lambda cls: cls.__qualname__,
-)
+def test_the_walk_finds_the_errors_of_every_package() -> None:
+    """(So that the tests below cannot pass on an empty list.)"""
+    modules = {cls.__module__.split(".")[0] for cls in ERRORS}
+    assert modules == {"discovery", "workers", "pool"} and len(ERRORS) > 40
+
+
+@pytest.mark.parametrize("cls", ERRORS, ids=lambda cls: cls.__qualname__)
+def test_every_error_is_a_pool_error(cls: type[BaseException]) -> None:
+    """``except pool.PoolError`` catches every error shm-pool raises."""
+    assert issubclass(cls, pool.PoolError)
+
+
+@pytest.mark.parametrize("cls", ERRORS, ids=lambda cls: cls.__qualname__)
 def test_an_error_pickles_as_itself(cls: type[BaseException]) -> None:
     """An error unpickled elsewhere is of its class, with its facts and its
     message. Guards against a leaf that passed its message, not its facts,

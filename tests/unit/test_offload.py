@@ -65,3 +65,30 @@ async def test_close_waits_a_bounded_time_for_a_call_that_hangs() -> None:
         await offload.run(print)
     never.set()
     await call
+
+
+async def test_a_cancelled_callers_thread_keeps_its_place_until_it_returns() -> None:
+    """With one thread: a caller cancelled while its call runs leaves the
+    call running, and the next call starts only once that one has returned.
+    Regression: the place was given back on the cancel, so two threads ran."""
+    offload = Offload("test", max_threads=1)
+    started, release, returned = threading.Event(), threading.Event(), threading.Event()
+
+    def hold() -> None:
+        started.set()
+        release.wait(20)
+        returned.set()
+
+    first = asyncio.ensure_future(offload.run(hold))
+    try:
+        await asyncio.to_thread(started.wait, 20)
+        first.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await first
+        second = asyncio.ensure_future(offload.run(returned.is_set))
+        for _ in range(10):  # (turns in which a free place would start it)
+            await asyncio.sleep(0)
+    finally:
+        release.set()
+    assert await asyncio.wait_for(second, 20) is True  # it ran after hold returned
+    await offload.aclose()

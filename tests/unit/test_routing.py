@@ -4,16 +4,19 @@ driven through played links (:mod:`tests.support.routing`)."""
 from __future__ import annotations
 
 import asyncio
+import threading
 import uuid
 
 import grpc
 import pytest
 
 from discovery import DiscoveryEvent, WorkerInfo
-from pool import NoWorkerAvailable, PoolStopping, WorkerLost
+from pool import NoWorkerAvailable, WorkerLost
+from pool.dispatcher import roster
 from pool.dispatcher.jobs import LinkEvents
 from pool.dispatcher.losses import MAX_UNTAKEN_LOSSES
 from pool.dispatcher.placement import Router
+from pool.errors import PoolStopping
 from tests.support.routing import (
     FakeLink,
     settle,
@@ -248,15 +251,62 @@ async def test_once_started_a_task_no_worker_has_tags_for_fails_at_once() -> Non
 
 async def test_a_broken_link_to_a_live_worker_reconnects() -> None:
     """A stream that breaks while its worker is alive and registered is
-    opened again, and the tasks it had go out again on the new one."""
-    async with world(alive=lambda namespace, uid: True) as w:
+    opened again, and the tasks it had go out again on the new one. Whether
+    it is alive (a file lock's probe) is asked off the event loop."""
+    asked_on: list[threading.Thread] = []
+
+    def alive(namespace: str, uid: uuid.UUID) -> bool:
+        asked_on.append(threading.current_thread())
+        return True
+
+    async with world(alive=alive) as w:
         first = w.add("a", capacity=1)
         job = w.submit()
         first.close()
         await settle()
         assert w.router.queued == 1
-        await asyncio.wait_for(until(lambda: w.link("a") is not first), 5)
-        assert job.link is w.link("a")
+        # (The new link is made, then the task goes out on it: a turn of the
+        # loop or more apart, as the loop schedules them.)
+        await asyncio.wait_for(until(lambda: job.link is not None), 5)
+        assert job.link is w.link("a") and job.link is not first
+    assert asked_on and threading.current_thread() not in asked_on
+
+
+async def test_a_worker_that_refuses_us_is_left_alone_until_it_registers_again(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A live worker that refuses this dispatcher (a wrong token, say) is
+    linked again after a pause, and after MAX_REFUSALS refusals in a row for
+    the same reason it is left alone: no link until it registers again,
+    when it is linked at once. Regression: it was linked every 0.5 s for as
+    long as it was registered, two error lines a second."""
+    monkeypatch.setattr(roster, "RECONNECT_DELAY_S", 0.001)  # (the pauses' scale)
+    async with world(alive=lambda namespace, uid: True) as w:
+        info = WorkerInfo(uuid.uuid4(), "unix:/a", 100, "1", frozenset(), capacity=1)
+        w.refusals[info.uid] = "UNAUTHENTICATED: the token is not this pool's"
+        w.router.on_event(DiscoveryEvent("worker-added", info))
+        await asyncio.wait_for(until(lambda: info.uid not in w.router.links), 5)
+        assert w.linked == [info.uid] * roster.MAX_REFUSALS
+        w.router.on_event(DiscoveryEvent("worker-updated", info))
+        await settle()
+        assert w.linked == [info.uid] * roster.MAX_REFUSALS  # (news is not a new start)
+        del w.refusals[info.uid]  # its pool's token, now
+        w.router.on_event(DiscoveryEvent("worker-added", info))
+        await asyncio.wait_for(
+            until(lambda: w.router.links.get(info.uid) is not None), 5
+        )
+        assert len(w.linked) == roster.MAX_REFUSALS + 1
+        job = w.submit()
+        assert job.link is w.router.links[info.uid]
+
+
+def test_a_link_that_does_not_reach_its_worker_waits_longer_each_time() -> None:
+    """The pause before linking a worker again doubles with each link in a
+    row that did not reach it, from RECONNECT_DELAY_S, up to a bound."""
+    delays = [roster.reconnect_delay(n) for n in range(12)]
+    assert delays[:4] == [roster.RECONNECT_DELAY_S * k for k in (1, 1, 2, 4)]
+    assert delays == sorted(delays)
+    assert max(delays) == roster.MAX_RECONNECT_DELAY_S
 
 
 async def test_a_link_that_fails_unexpectedly_ends_the_router() -> None:

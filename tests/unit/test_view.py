@@ -9,7 +9,8 @@ import pytest
 from rich.console import Console
 
 from discovery import DiscoveryEvent, WorkerInfo
-from pool.supervisor.view import LiveView, Rate, shorten_left
+from pool.client.embedded import LOG_LINES, Pool
+from pool.supervisor.view import LiveView, PlainView, Rate, shorten_left
 
 pytestmark = pytest.mark.timeout(10)
 
@@ -158,3 +159,19 @@ def test_the_live_view_names_the_dashboard_once_ready() -> None:
         assert _screen(view)[1] == "dashboard http://127.0.0.1:8787/"
     finally:
         view.close()
+
+
+def test_an_embedded_pools_log_keeps_only_its_last_lines() -> None:
+    """``Pool.log`` holds what ``pool up`` would have printed, but only its
+    last ``LOG_LINES`` lines: a pool that runs for days (a worker-updated
+    line a second per busy worker) does not grow it for ever. Regression:
+    an ``io.StringIO`` kept every line."""
+    embedded = Pool(workers=1)  # (never started: its log is made with it)
+    view = PlainView(embedded.log)
+    for second in range(3 * LOG_LINES):
+        view.note("worker-updated", pid=7, second=second)
+    view.output("worker-0", 7, "a task's print")
+    lines = embedded.log.getvalue().splitlines()
+    assert len(lines) == LOG_LINES
+    assert lines[-2] == f"worker-updated pid=7 second={3 * LOG_LINES - 1}"
+    assert lines[-1].endswith("a task's print")

@@ -3,9 +3,10 @@
 ``asyncio.to_thread`` uses the loop's default executor, whose threads the
 interpreter joins at exit and which refuses work once the interpreter has
 begun to exit. An :class:`Offload` runs each call on a daemon thread of its
-own instead, at most ``max_threads`` at once (a further call waits on the
-loop): an import that never returns does not keep a worker alive, and an
-embedded pool can still close its registry from an atexit hook. Its owner
+own instead, at most ``max_threads`` at once, counting those whose caller
+was cancelled and that still run (a further call waits on the loop): an
+import that never returns does not keep a worker alive, and an embedded
+pool can still close its registry from an atexit hook. Its owner
 ends it with :meth:`Offload.aclose`, which waits a bounded time for the
 calls still running and joins their threads. Owners: the worker's service
 (imports, large arguments), the supervisor (the registry, sweeps) and a
@@ -44,23 +45,31 @@ class Offload:
         """
         if self._closed:
             raise RuntimeError(f"{self._name} is closed")
-        async with self._slots:
-            loop = asyncio.get_running_loop()
-            answer: asyncio.Future[T] = loop.create_future()
-            ended: asyncio.Future[None] = loop.create_future()
-            thread = threading.Thread(
-                target=_call, args=(loop, answer, ended, fn, args), daemon=True
-            )
-            thread.name = self._name
-            self._running[thread] = ended
-            ended.add_done_callback(lambda _: self._forget(thread))
+        await self._slots.acquire()  # (released once the thread returns)
+        loop = asyncio.get_running_loop()
+        answer: asyncio.Future[T] = loop.create_future()
+        ended: asyncio.Future[None] = loop.create_future()
+        thread = threading.Thread(
+            target=_call, args=(loop, answer, ended, fn, args), daemon=True
+        )
+        thread.name = self._name
+        try:
             thread.start()
-            return await answer
+        except BaseException:
+            self._slots.release()
+            raise
+        self._running[thread] = ended
+        ended.add_done_callback(lambda _: self._forget(thread))
+        # A caller cancelled here leaves its call running: its thread keeps
+        # its place among max_threads until it returns.
+        return await answer
 
     def _forget(self, thread: threading.Thread) -> None:
-        """A thread has returned from its call: join it (at once)."""
+        """A thread has returned from its call: join it (at once), and give
+        its place to the next call."""
         self._running.pop(thread, None)
         thread.join()
+        self._slots.release()
 
     async def aclose(self, join_s: float = JOIN_S) -> None:
         """Take no more calls; wait up to ``join_s`` for those running, and

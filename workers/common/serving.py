@@ -27,6 +27,7 @@ from typing import Any, Final
 import grpc
 from grpc import aio
 
+from discovery.errors import Facts, PoolError
 from workers.common.channels import GRPC_OPTIONS
 from workers.protocol import auth
 
@@ -37,20 +38,20 @@ READY_PREFIX: Final = "READY "
 log = logging.getLogger(__name__)
 
 
-class ParentGone(OSError):
+class ParentGone(Facts, PoolError, OSError):
     """The process that started this one stopped waiting for it to start
     (it gave up on a start that took too long, or it exited)."""
 
-    def __init__(self) -> None:
-        super().__init__("its supervisor no longer waits for it to start")
+    MESSAGE = "its supervisor no longer waits for it to start"
 
 
-class CannotListen(OSError):
+class CannotListen(Facts, PoolError, OSError):
     """A pool process cannot listen where it was told to (``--host``)."""
 
-    def __init__(self, where: str, reason: str) -> None:
-        self.where = where
-        super().__init__(f"cannot listen on {where}: {reason}")
+    where: str
+    reason: str
+
+    MESSAGE = "cannot listen on {where}: {reason}"
 
 
 def check_host(host: str) -> None:

@@ -23,11 +23,13 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar, Literal, TypeVar
 
+from discovery.errors import PoolError
+
 Form = Literal["value", "switch", "csv", "append", "optional"]
 T = TypeVar("T")
 
 
-class SettingError(ValueError):
+class SettingError(PoolError, ValueError):
     """A setting's value cannot be used; the message names both."""
 
 

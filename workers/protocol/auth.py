@@ -26,6 +26,7 @@ import grpc
 from grpc import aio
 
 from discovery import paths
+from discovery.errors import Facts, PoolError
 
 METADATA_KEY: Final = "authorization"
 PROTOCOL_KEY: Final = "shmpool-protocol"
@@ -37,19 +38,19 @@ TOKEN_ENV: Final = "SHMPOOL_TOKEN"
 MIN_TOKEN_CHARS: Final = 32
 
 
-class BadToken(PermissionError):
+class BadToken(PoolError, PermissionError):
     """A token given to this process cannot be used: say where it came from."""
 
 
-class MissingToken(PermissionError):
+class MissingToken(Facts, PoolError, PermissionError):
     """The namespace has no token: no pool runs there."""
 
-    def __init__(self, namespace: str) -> None:
-        self.namespace = namespace
-        super().__init__(
-            f"namespace {namespace!r} has no pool token; start the pool with "
-            f"`python -m pool up --namespace {namespace}`"
-        )
+    namespace: str
+
+    MESSAGE = (
+        "namespace {namespace!r} has no pool token; start the pool with "
+        "`python -m pool up --namespace {namespace}`"
+    )
 
 
 def create_token(namespace: str, token: str | None = None) -> str:
@@ -66,6 +67,16 @@ def create_token(namespace: str, token: str | None = None) -> str:
         os.close(fd)
     os.replace(tmp, path)
     return token
+
+
+def pool_token(namespace: str, token_file: str | None = None) -> str:
+    """The token of a pool that starts: the one given (``token_file``, else
+    ``$SHMPOOL_TOKEN``), else a fresh one; written to the namespace's token
+    file either way (see :func:`create_token`, :func:`token_for`)."""
+    given = None
+    if token_file or os.environ.get(TOKEN_ENV):
+        given = token_for(namespace, token_file)
+    return create_token(namespace, given)
 
 
 def read_token(namespace: str) -> str:
@@ -93,35 +104,37 @@ def token_for(namespace: str, token_file: str | None = None) -> str:
     :raises MissingToken: if none is given and no pool here made one.
     """
     if token_file is not None:
-        try:
-            with open(token_file, encoding="ascii") as source:
-                _warn_if_shared(token_file, os.fstat(source.fileno()).st_mode)
-                return _checked(source.read().strip(), token_file)
-        except (OSError, UnicodeDecodeError) as exc:
-            raise BadToken(
-                f"cannot read the token file {token_file!r}: {exc}"
-            ) from None
+        return read_secret(token_file, "token", "run code in the pool")
     if (given := os.environ.get(TOKEN_ENV)) is not None:
         return _checked(given.strip(), f"${TOKEN_ENV}")
     return read_token(namespace)
 
 
-def _warn_if_shared(path: str, mode: int) -> None:
-    """Warn, as ssh does of a key, when others may read the token file."""
-    if mode & 0o077:
-        logging.getLogger("shm-pool").warning(
-            "warning: the token file %s can be read by others (mode %04o): "
-            "whoever reads it can run code in the pool; chmod 600 %s",
-            path,
-            stat.S_IMODE(mode),
-            path,
-        )
+def read_secret(path: str, what: str, grants: str) -> str:
+    """The secret (``what``: the token, or the dashboard's key) in the file
+    ``path``; a warning, as ssh gives of a key, when others may read it
+    (whoever reads it may ``grants``).
+
+    :raises BadToken: for a file that cannot be read, or a secret too short.
+    """
+    try:
+        with open(path, encoding="ascii") as source:
+            mode = os.fstat(source.fileno()).st_mode
+            if mode & 0o077:
+                logging.getLogger("shm-pool").warning(
+                    "warning: the %s file %s can be read by others (mode %04o): "
+                    "whoever reads it can %s; chmod 600 %s",
+                    *(what, path, stat.S_IMODE(mode), grants, path),
+                )
+            return _checked(source.read().strip(), path, what)
+    except (OSError, UnicodeDecodeError) as exc:
+        raise BadToken(f"cannot read the {what} file {path!r}: {exc}") from None
 
 
-def _checked(token: str, source: str) -> str:
+def _checked(token: str, source: str, what: str = "token") -> str:
     if len(token) < MIN_TOKEN_CHARS or not token.isascii() or not token.isprintable():
         raise BadToken(
-            f"the token in {source} must be at least {MIN_TOKEN_CHARS} printable "
+            f"the {what} in {source} must be at least {MIN_TOKEN_CHARS} printable "
             f"ASCII characters (make one with `openssl rand -hex 32`)"
         )
     return token

@@ -11,10 +11,10 @@ from typing import ClassVar
 
 import grpc
 
-from discovery.errors import Facts
+from discovery.errors import Facts, PoolError
 
 
-class TaskError(Exception):
+class TaskError(PoolError):
     """Root of the errors about a task itself (not what the task raised)."""
 
 
@@ -43,17 +43,6 @@ class ArgumentsTooLarge(BadTask):
     """The task's pickled arguments are over the worker's limit."""
 
     status = grpc.StatusCode.RESOURCE_EXHAUSTED
-
-
-class ResultTooLarge(TaskError):
-    """The task's pickled return value is over what one message carries.
-
-    No longer raised by this version: a large value goes through shared
-    memory, or across machines in chunks (:mod:`workers.protocol.transfer`).
-    Kept so that code which catches it still runs.
-    """
-
-    status: ClassVar[grpc.StatusCode] = grpc.StatusCode.RESOURCE_EXHAUSTED
 
 
 class InitializerFailed(Facts, TaskError):
@@ -102,7 +91,7 @@ class RemoteError(Facts, TaskError):
     MESSAGE = "{type_name}: {message}"
 
 
-class RemoteTraceback(Facts, Exception):
+class RemoteTraceback(Facts, PoolError):
     """The traceback of an exception raised in a worker, as text."""
 
     tb: str

@@ -31,7 +31,7 @@ import itertools
 import os
 import re
 import secrets
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from typing import Final
 
 from discovery import paths
@@ -142,12 +142,12 @@ def _claim(key: str) -> tuple[str, int]:
     raise RuntimeError(f"could not make a data-plane lock in {SHM_DIR}")
 
 
-def names(prefix: str) -> Iterator[str]:
-    """The names in /dev/shm that start with ``prefix``."""
+def names(prefix: str) -> list[str]:
+    """The names in /dev/shm that start with ``prefix`` (a scan of it: a
+    list, so that a caller can make it on another thread)."""
     with contextlib.suppress(OSError), os.scandir(SHM_DIR) as entries:
-        for entry in entries:
-            if entry.name.startswith(prefix):
-                yield entry.name
+        return [entry.name for entry in entries if entry.name.startswith(prefix)]
+    return []
 
 
 def total_bytes() -> int:

@@ -51,6 +51,7 @@ from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from typing import Any, ClassVar, Final, Protocol
 
+from discovery.errors import PoolError
 from workers.protocol import namespaces
 
 # How much one stream's cache holds (the same limits at both of its ends).
@@ -61,7 +62,7 @@ MAX_LOADED: Final = 1024
 DIGEST_BYTES: Final = 32
 
 
-class ShippingError(ValueError):
+class ShippingError(PoolError, ValueError):
     """A shipped function's bytes are not what the task says they are."""
 
 

@@ -45,13 +45,29 @@ def is_loopback(host: str) -> bool:
         return False  # a host name: whatever it resolves to, assume others
 
 
+def dashboard_key(key_file: str | None) -> str | None:
+    """The dashboard's key, read from ``key_file`` (None: none is asked).
+
+    :raises BadToken: for a file that cannot be read, or a key too short.
+    """
+    if key_file is None:
+        return None
+    from workers.protocol.auth import read_secret
+
+    return read_secret(key_file, "key", "see the pool's dashboard")
+
+
 def dashboard_for(
-    namespace: str, address: str | None, discovery_url: str | None, tls_ca: str | None
+    namespace: str,
+    address: str | None,
+    discovery_url: str | None,
+    tls: tuple[str | None, str | None, str | None],
 ) -> Dashboard | None:
     """A dashboard of the pool of ``namespace``, to serve on ``address``
-    (``[HOST:]PORT``; None: no dashboard) once started with the pool's
-    token. On Redis (``discovery_url``, and ``tls_ca`` to check its
-    dispatchers), it shows every dispatcher."""
+    (``[HOST:]PORT``; None: no dashboard) once started. ``tls`` is the
+    pool's CA, certificate and key: off loopback, a certificate and its key
+    serve the page over TLS. On Redis (``discovery_url``, and the CA to
+    check its dispatchers), it shows every dispatcher."""
     if address is None:
         return None
     from pool.client.rendezvous import Locator
@@ -63,6 +79,7 @@ def dashboard_for(
     board = Board(namespace)
     metrics = Metrics(board)
     board.on_drop_seen = metrics.drop_seen
+    tls_ca, cert, key = tls
     remote = Locator(namespace, discovery_url, None, tls_ca) if discovery_url else None
-    needs_token = not is_loopback(host)
-    return Dashboard(board, metrics, host, port, needs_token, remote=remote)
+    page_tls = (cert, key) if cert and key and not is_loopback(host) else None
+    return Dashboard(board, metrics, host, port, tls=page_tls, remote=remote)

@@ -6,12 +6,9 @@ it connects, then a ``changes`` event every :data:`PUSH_S` while anything
 changes, and at least once a second), ``/api/state`` (the snapshot as JSON) and
 ``/metrics`` (Prometheus' text format, :mod:`.metrics`).
 
-Access: on a loopback address, this machine's users are trusted, as with
-the pool's unix sockets (a request whose Host is not a loopback name is
-refused: a foreign page that rebinds its name to 127.0.0.1 reads nothing).
-On any other, every request needs the pool's token: ``Authorization:
-Bearer TOKEN``, or once ``?token=TOKEN``, which sets an HttpOnly cookie and
-redirects to the same page without it.
+Access: :mod:`.access` (trusted on loopback; elsewhere the dashboard's own
+key, never the pool's token). Off loopback, a pool with a certificate
+(``--tls-cert``, ``--tls-key``) serves the page over TLS with it.
 
 Bounds: each page gets a queue of :data:`PAGE_QUEUE` messages; a page that
 falls that far behind is disconnected (its browser reconnects and gets a
@@ -23,8 +20,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hmac
 import json
+import ssl
 from collections.abc import Callable
 from importlib import resources
 from typing import Any, Final
@@ -32,35 +29,39 @@ from typing import Any, Final
 from aiohttp import web
 from aiohttp.typedefs import Handler
 
+from discovery.errors import Facts
 from pool.client.rendezvous import Locator
-from pool.supervisor.dashboard import dispatchers, is_loopback
+from pool.errors import PoolError
+from pool.supervisor.dashboard import dispatchers
+from pool.supervisor.dashboard.access import Access
 from pool.supervisor.dashboard.board import Board
 from pool.supervisor.dashboard.metrics import Metrics
 
 PUSH_S: Final = 0.5
 PAGE_QUEUE: Final = 16
-COOKIE: Final = "shmpool_token"
 STATIC: Final = frozenset({"dashboard.js", "dashboard.css"})
 _TYPES: Final = {".js": "text/javascript", ".css": "text/css"}
 SHUTDOWN_S: Final = 2.0
 
 
-class DashboardUnavailable(OSError):
+class DashboardUnavailable(Facts, PoolError, OSError):
     """The dashboard cannot listen where it was asked to."""
 
-    def __init__(self, host: str, port: int, error: OSError) -> None:
-        self.host, self.port = host, port
-        super().__init__(
-            f"the dashboard cannot listen on {host}:{port}: {error.strerror or error}"
-            "; give another with --dashboard [HOST:]PORT (port 0: any free one)"
-        )
+    host: str
+    port: int
+    reason: str
+
+    MESSAGE = (
+        "the dashboard cannot listen on {host}:{port}: {reason}; give another "
+        "with --dashboard [HOST:]PORT (port 0: any free one)"
+    )
 
 
 class Dashboard:
     """Serves ``board`` on ``host:port`` from :meth:`start` to :meth:`aclose`.
 
-    :param needs_token: whether every request must give the pool's token
-        (not on loopback).
+    :param tls: the certificate and key to serve the page with (off
+        loopback), or None for plain HTTP.
     :param remote: how to find the dispatchers of a pool on Redis: each is
         shown (:mod:`.dispatchers`).
     """
@@ -71,28 +72,33 @@ class Dashboard:
         metrics: Metrics,
         host: str,
         port: int,
-        needs_token: bool,
         *,
+        tls: tuple[str, str] | None = None,
         remote: Locator | None = None,
     ) -> None:
         self.board, self.metrics, self._remote = board, metrics, remote
-        self._host, self._port, self._needs_token = host, port, needs_token
-        self._token: str | None = None
+        self._host, self._port, self._tls = host, port, tls
+        self._access = Access(None, secure=tls is not None)
         self._pages: set[asyncio.Queue[bytes | None]] = set()
         self._joining: list[asyncio.Queue[bytes | None]] = []  # want a snapshot
         self._stack = contextlib.AsyncExitStack()
         self._tasks: list[asyncio.Task[None]] = []  # (in the stack's group)
         self.url = ""
 
-    async def start(self, token: str, here: Callable[[], str] = str) -> str:
+    async def start(
+        self, token: str, key: str | None = None, here: Callable[[], str] = str
+    ) -> str:
         """Listen, and push changes to pages from now on; the page's URL.
 
-        :param token: the pool's (asked of every request if ``needs_token``).
+        :param token: the pool's (to ask the dispatchers of a pool on Redis;
+            never asked of a page, nor given to one).
+        :param key: the dashboard's key, which every request must give;
+            None on loopback, where none is asked.
         :param here: this host's dispatcher's announced address (on Redis).
         :raises DashboardUnavailable: if it cannot listen there.
         """
-        self._token = token if self._needs_token else None
-        app = web.Application(middlewares=[self._access])
+        self._access = Access(key, secure=self._tls is not None)
+        app = web.Application(middlewares=[self._check])
         app.router.add_get("/", self._page)
         app.router.add_get("/static/{name}", self._static)
         app.router.add_get("/events", self._events)
@@ -101,15 +107,17 @@ class Dashboard:
         runner = web.AppRunner(app, access_log=None, shutdown_timeout=SHUTDOWN_S)
         await runner.setup()
         self._stack.push_async_callback(runner.cleanup)
-        site = web.TCPSite(runner, self._host, self._port)
         try:
+            context = _tls_context(*self._tls) if self._tls else None
+            site = web.TCPSite(runner, self._host, self._port, ssl_context=context)
             await site.start()
         except OSError as exc:
             await self._stack.aclose()
-            raise DashboardUnavailable(self._host, self._port, exc) from None
-        port = runner.addresses[0][1]  # (the port bound, for port 0)
+            reason = exc.strerror or str(exc)
+            raise DashboardUnavailable(self._host, self._port, reason) from None
+        port = self._access.port = runner.addresses[0][1]  # (bound, for port 0)
         host = f"[{self._host}]" if ":" in self._host else self._host
-        self.url = f"http://{host}:{port}/"
+        self.url = f"{'https' if self._tls else 'http'}://{host}:{port}/"
         group = await self._stack.enter_async_context(asyncio.TaskGroup())
         self._tasks.append(group.create_task(self._push()))
         if self._remote is not None:
@@ -196,36 +204,18 @@ class Dashboard:
     # -- access ----------------------------------------------------------------
 
     @web.middleware
-    async def _access(
+    async def _check(
         self, request: web.Request, handler: Handler
     ) -> web.StreamResponse:
-        token = self._token
-        if token is None:
-            # Trusted on loopback, but not a page elsewhere that renamed
-            # itself to this address (DNS rebinding): its Host names it.
-            if not is_loopback((request.url.host or "").strip("[]")):
-                raise web.HTTPForbidden(
-                    text="this dashboard answers only to loopback names\n"
-                )
-            return await handler(request)
-        if _same(request.query.get("token"), token):
-            kept = {k: v for k, v in request.query.items() if k != "token"}
-            response = web.HTTPSeeOther(location=str(request.rel_url.with_query(kept)))
-            response.set_cookie(COOKIE, token, httponly=True, samesite="Strict")
-            raise response
-        header = request.headers.get("Authorization", "")
-        given = header[7:] if header.startswith("Bearer ") else None
-        if _same(given, token) or _same(request.cookies.get(COOKIE), token):
-            return await handler(request)
-        raise web.HTTPUnauthorized(
-            text="this dashboard needs the pool's token: open it once as "
-            "/?token=TOKEN (the contents of the pool's --token-file), or send "
-            "the header 'Authorization: Bearer TOKEN'\n"
-        )
+        self._access.check(request)  # (raises the refusal, or the redirect)
+        return await handler(request)
 
 
-def _same(given: str | None, token: str) -> bool:
-    return given is not None and hmac.compare_digest(given.encode(), token.encode())
+def _tls_context(cert: str, key: str) -> ssl.SSLContext:
+    """The page's TLS: the pool's certificate and key, TLS 1.2 or newer."""
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    context.load_cert_chain(cert, key)
+    return context
 
 
 def _event(kind: str, data: dict[str, Any]) -> bytes:
