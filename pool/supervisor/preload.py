@@ -1,5 +1,5 @@
-"""What the zygote (:mod:`pool.supervisor.zygote`) imports, before it forks anything;
-nothing else imports it.
+"""What the zygote's fork server (:func:`pool.supervisor.forker.serve`)
+imports, before it forks anything; nothing else imports it.
 
 gRPC must not install fork handlers in a process that forks pool processes:
 they crash a child forked while gRPC's threads run, and the zygote never
@@ -38,7 +38,6 @@ import grpc
 import uvloop
 
 import pool.dispatcher.server
-import pool.supervisor.forker
 import workers.process
 
 gc.freeze()
