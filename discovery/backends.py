@@ -8,6 +8,7 @@ events (see :mod:`discovery.redis`).
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 from collections.abc import AsyncIterator, Callable
 from typing import Any, Protocol, Self
@@ -96,13 +97,11 @@ def subscriber_for(namespace: str, url: str | None) -> AsyncIterator[DiscoveryEv
 
 
 def liveness_for(url: str | None) -> Callable[[str, UUID], bool]:
-    """Whether a registered worker is alive, as the dispatcher asks before
-    reconnecting to it: its liveness lock for shared memory; for Redis, its
-    lease decides, and its drop will come when it runs out."""
+    """Whether a registered worker is alive, as the dispatcher asks (on a
+    thread: both block) before linking it again: its liveness lock for
+    shared memory; for Redis, a lease that has not run out."""
     if url is None:
         return _holds_liveness_lock
+    from discovery.redis.keys import leased
 
-    def leased(namespace: str, uid: UUID) -> bool:
-        return True
-
-    return leased
+    return functools.partial(leased, url)

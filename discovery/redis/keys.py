@@ -109,3 +109,23 @@ def registered(url: str, namespace: str) -> list[WorkerInfo]:
     alive = set(live)
     found = (decode_entry(uid, data) for uid, data in entries.items() if uid in alive)
     return [info for info in found if info is not None]
+
+
+def leased(url: str, namespace: str, uid: UUID) -> bool:
+    """Whether the worker ``uid`` of a namespace in Redis holds a lease that
+    has not run out, asked once (blocking: for the dispatcher, on a thread,
+    before it links a worker again). True when Redis does not answer: who
+    cannot tell must not drop, and the worker's drop comes with its lease."""
+    from discovery.redis.connecting import connect_sync
+
+    _, leases, _ = keys_of(namespace)
+    try:
+        client = connect_sync(url)
+        try:
+            seconds, micros = cast(tuple[int, int], client.time())
+            expires = cast(float | None, client.zscore(leases, uid.hex))
+        finally:
+            client.close()
+    except UNAVAILABLE:
+        return True
+    return expires is not None and expires > seconds * 1000 + micros // 1000

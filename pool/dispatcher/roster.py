@@ -6,7 +6,7 @@ owner's group); ``worker-updated`` refreshes what the link knows of it;
 after :data:`LEAVE_GRACE_S`, so that a draining worker's last results still
 arrive. When a link's stream ends, the owner hears of it (``on_lost``: it
 requeues the link's tasks); a worker still registered and alive (asked on a
-thread: the liveness lock is a file) is linked again after a pause, of
+thread: its liveness lock, or its lease in Redis) is linked again after a pause, of
 :data:`RECONNECT_DELAY_S` and doubling, to at most
 :data:`MAX_RECONNECT_DELAY_S`, for each link in a row that did not reach it
 (:func:`reconnect_delay`). A worker that refused this dispatcher (its token,

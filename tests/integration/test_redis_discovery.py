@@ -16,6 +16,7 @@ import pytest
 import redis
 
 from discovery import DiscoveryEvent, WorkerInfo
+from discovery.backends import liveness_for
 from discovery.errors import WorkerAlreadyRegistered, WorkerNotRegistered
 from discovery.redis import RedisDiscovery, RedisSubscriber
 from tests.support.helpers import python_module
@@ -235,3 +236,24 @@ async def test_an_update_after_redis_lost_the_entry_puts_it_back(
                     await publisher.publish("worker-updated", busy)
     finally:
         store.close()
+
+
+async def test_the_dispatchers_liveness_check_on_redis_reads_the_lease(
+    redis_server: RedisServer,
+) -> None:
+    """What the dispatcher asks before it links a worker again: true while
+    the worker holds a lease, false once it is dropped or for a worker never
+    registered, and true when Redis does not answer (who cannot tell must
+    not drop). Regression: it was true whatever Redis said."""
+    discovery = _discovery(redis_server)
+    alive = liveness_for(redis_server.url)
+    worker = _info()
+    async with discovery.publisher as publisher:
+        await publisher.publish("worker-added", worker)
+        assert await asyncio.to_thread(alive, discovery.namespace, worker.uid)
+        unknown = uuid.uuid4()
+        assert not await asyncio.to_thread(alive, discovery.namespace, unknown)
+        await publisher.publish("worker-dropped", worker)
+        assert not await asyncio.to_thread(alive, discovery.namespace, worker.uid)
+    nobody = liveness_for("redis://127.0.0.1:1")  # (no Redis listens there)
+    assert await asyncio.to_thread(nobody, discovery.namespace, worker.uid)
