@@ -63,6 +63,7 @@ class Link(abc.ABC):
         self.others = 0  # tasks its worker holds for other dispatchers, last told
         self.connected = False  # its stream reached the worker
         self.refused: str | None = None  # why the worker refused this dispatcher
+        self.broke: str | None = None  # why its stream last broke otherwise
 
     def describe(self) -> str:
         return f"worker pid {self.info.pid} ({str(self.info.uid)[:8]})"

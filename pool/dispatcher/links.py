@@ -252,6 +252,7 @@ class WorkerLink(Link):
             self.refused = f"{code.name}: {exc.details()}"
             log.error("%s refused this dispatcher: %s", self.describe(), exc.details())
         elif code != grpc.StatusCode.CANCELLED:
+            self.broke = f"{code.name}: {exc.details()}"
             log.info("%s: stream broke: %s", self.describe(), code.name)
 
 

@@ -11,7 +11,9 @@ thread: its liveness lock, or its lease in Redis) is linked again after a pause,
 :data:`MAX_RECONNECT_DELAY_S`, for each link in a row that did not reach it
 (:func:`reconnect_delay`). A worker that refused this dispatcher (its token,
 its protocol version) :data:`MAX_REFUSALS` times in a row for the same
-reason is left alone until it registers again. Owned by
+reason is left alone until it registers again; one it cannot reach
+:data:`MAX_REFUSALS` times in a row (say, its address does not resolve here)
+is said once, at warning level, and tried again. Owned by
 :class:`~pool.dispatcher.placement.Router`, which places the tasks.
 """
 
@@ -136,6 +138,11 @@ class Roster:
         if not alive:
             self._forget(old)
             return
+        if failures == MAX_REFUSALS and old.refused is None:
+            log.warning(
+                "%s at %s not reached %d times in a row (%s); trying again, less often",
+                *(old.describe(), old.info.address, failures, old.broke),
+            )
         await asyncio.sleep(reconnect_delay(failures))  # a pause, not a wait
         if self.links.get(uid) is old and not self.closed:
             self._open_link(old.info)

@@ -25,11 +25,16 @@ class FakeLink(Link):
     """A worker's stream that the test plays: it takes, answers and dies."""
 
     def __init__(
-        self, info: WorkerInfo, router: LinkEvents, refusal: str | None = None
+        self,
+        info: WorkerInfo,
+        router: LinkEvents,
+        refusal: str | None = None,
+        unreachable: str | None = None,
     ) -> None:
         super().__init__(info, rtt_s=0.001)
         self.router = router
         self._refusal = refusal  # the worker refuses this dispatcher so
+        self._unreachable = unreachable  # the stream breaks before reaching it so
         self.written: list[Job] = []  # what reached the worker
         self.unwritten: list[Job] = []  # sent, not yet written
         self.cancels: list[int] = []
@@ -70,6 +75,9 @@ class FakeLink(Link):
     async def run(self) -> None:
         if self._refusal is not None:  # (as a worker that refuses the token)
             self.refused = self._refusal
+            return
+        if self._unreachable is not None:  # (as an address that does not resolve)
+            self.broke = self._unreachable
             return
         self.connected = True
         self.router.on_connected(self)  # (ready from the start, as its stream)
@@ -152,10 +160,12 @@ class World:
         router: Router,
         links: dict[uuid.UUID, FakeLink],
         refusals: dict[uuid.UUID, str],
+        unreachable: dict[uuid.UUID, str],
         linked: list[uuid.UUID],
     ) -> None:
         self.router, self._links, self.owner = router, links, Owner()
         self.refusals = refusals  # what each worker refuses this dispatcher with
+        self.unreachable = unreachable  # why each worker's stream does not reach it
         self.linked = linked  # each worker's uid, every time a link is made to it
         self.infos: dict[str, WorkerInfo] = {}
         self._next_id = 0
@@ -190,16 +200,19 @@ class World:
 async def world(**options: Any) -> AsyncIterator[World]:
     links: dict[uuid.UUID, FakeLink] = {}
     refusals: dict[uuid.UUID, str] = {}
+    unreachable: dict[uuid.UUID, str] = {}
     linked: list[uuid.UUID] = []
 
     def connect(info: WorkerInfo, router: LinkEvents) -> FakeLink:
-        links[info.uid] = FakeLink(info, router, refusals.get(info.uid))
+        links[info.uid] = FakeLink(
+            info, router, refusals.get(info.uid), unreachable.get(info.uid)
+        )
         linked.append(info.uid)
         return links[info.uid]
 
     alive = options.pop("alive", lambda namespace, uid: False)
     async with Router("ns", connect, is_alive=alive, **options) as router:
-        yield World(router, links, refusals, linked)
+        yield World(router, links, refusals, unreachable, linked)
 
 
 async def settle() -> None:

@@ -4,6 +4,7 @@ driven through played links (:mod:`tests.support.routing`)."""
 from __future__ import annotations
 
 import asyncio
+import logging
 import threading
 import uuid
 
@@ -298,6 +299,33 @@ async def test_a_worker_that_refuses_us_is_left_alone_until_it_registers_again(
         assert len(w.linked) == roster.MAX_REFUSALS + 1
         job = w.submit()
         assert job.link is w.router.links[info.uid]
+
+
+async def test_a_worker_never_reached_is_said_once_and_tried_again(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A live worker whose stream never reaches it (its address does not
+    resolve here, say) is said once, at warning level, with its address and
+    why, after MAX_REFUSALS links in a row; it is still linked again after
+    that, and taken once it is reached. Regression: only an info line each
+    time, so `pool up` said nothing while its tasks waited for a worker."""
+    monkeypatch.setattr(roster, "RECONNECT_DELAY_S", 0.001)  # (the pauses' scale)
+    caplog.set_level(logging.WARNING, logger="pool.dispatcher")
+    async with world(alive=lambda namespace, uid: True) as w:
+        info = WorkerInfo(uuid.uuid4(), "vm:7000", 100, "1", frozenset(), capacity=1)
+        w.unreachable[info.uid] = "UNAVAILABLE: DNS resolution failed for vm:7000"
+        w.router.on_event(DiscoveryEvent("worker-added", info))
+        await asyncio.wait_for(
+            until(lambda: len(w.linked) > roster.MAX_REFUSALS + 1), 5
+        )
+        said = [r.getMessage() for r in caplog.records]
+        assert len(said) == 1
+        assert "vm:7000" in said[0] and "DNS resolution failed" in said[0]
+        del w.unreachable[info.uid]  # (its name resolves now)
+        await asyncio.wait_for(until(lambda: w.router.links[info.uid].connected), 5)
+        job = w.submit()
+        assert job.link is w.router.links[info.uid]
+        assert len(caplog.records) == 1
 
 
 def test_a_link_that_does_not_reach_its_worker_waits_longer_each_time() -> None:
