@@ -100,7 +100,7 @@ def bind(
     """
     if host:
         check_host(host)
-        if not is_loopback(host):
+        if not is_loopback(host) and credentials is None:
             log.warning(
                 "listening on %s: other machines can reach this port; every call "
                 "needs the token, but traffic is not encrypted (see SECURITY.md)",
