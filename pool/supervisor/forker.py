@@ -13,10 +13,11 @@ descriptor), its exit status (``-N`` for signal N), then closes it.
 
 The socket pair has no name in the file system and no other process has
 its ends, so there is nothing to authenticate and nothing to clean up.
-The server exits when the supervisor's end closes (the supervisor stopped
-it, or died); the children it forked keep running, and their status pipes
-close unwritten. Only public means are used: ``os.fork``,
-``socket.send_fds``/``recv_fds``, ``signal.set_wakeup_fd``.
+The server exits when the supervisor's end closes or is shut down (the
+supervisor stopped it), or when the supervisor dies (its pidfd); the
+children it forked keep running, and their status pipes close unwritten.
+Only public means are used: ``os.fork``, ``socket.send_fds``/``recv_fds``,
+``signal.set_wakeup_fd``, ``os.pidfd_open``.
 """
 
 from __future__ import annotations
@@ -67,10 +68,16 @@ def request_of(entry: str | None, settings: Any, fds: Mapping[str, int]) -> byte
 
 def serve(channel_fd: int) -> None:
     """The fork server's main: fork a child per request until the channel
-    closes. Runs in the zygote process."""
+    closes or the supervisor (its parent) ends. Runs in the zygote process.
+
+    (A process the supervisor forked, a ``ProcessPoolExecutor``'s worker
+    say, holds the supervisor's end of the channel too: the supervisor
+    shuts the socket down to stop this, and if it is killed, its pidfd
+    says so.)"""
     import pool.supervisor.preload  # noqa: F401  (before any fork)
 
     channel = socket.socket(fileno=channel_fd)
+    parent = os.pidfd_open(os.getppid())
     wake_r, wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
     signal.set_wakeup_fd(wake_w)
     signal.signal(signal.SIGCHLD, lambda *_: None)  # (the wakeup fd is what counts)
@@ -78,13 +85,14 @@ def serve(channel_fd: int) -> None:
     with selectors.DefaultSelector() as selector:
         selector.register(channel, selectors.EVENT_READ)
         selector.register(wake_r, selectors.EVENT_READ)
+        selector.register(parent, selectors.EVENT_READ)
         while True:
             for key, _ in selector.select():
-                if key.fileobj is not channel:
+                if key.fileobj == wake_r:
                     with contextlib.suppress(BlockingIOError):
                         os.read(wake_r, 4096)
                     _reap(waiting)
-                elif not _serve_one(channel, waiting):
+                elif key.fileobj == parent or not _serve_one(channel, waiting):
                     for status in waiting.values():
                         os.close(status)
                     return

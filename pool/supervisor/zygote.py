@@ -25,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import logging
 import os
 import select
 import signal
@@ -37,6 +38,8 @@ from typing import Any, Final
 from pool.errors import PoolError
 from pool.supervisor.children import Child, ChildProcess, Process, spawn
 from pool.supervisor.forker import STATUS, request_of
+
+log = logging.getLogger("pool.supervisor")
 
 # How the fork server starts: with this process's import path, so that it
 # imports the same pool (and the caller's modules resolve as here).
@@ -228,12 +231,17 @@ class Zygote:
             os.close(self._pidfd)
             self._pidfd = -1
         if self._channel is not None:
-            self._channel.close()  # (the server exits when it reads the end)
+            # The server exits when it reads the end: a shutdown, which
+            # reaches it even where a fork of this process holds the socket.
+            with contextlib.suppress(OSError):
+                self._channel.shutdown(socket.SHUT_RDWR)
+            self._channel.close()
             self._channel = None
         if self._server is not None:
             try:
                 self._server.wait(STOP_GRACE_S)
             except subprocess.TimeoutExpired:
+                log.warning("the zygote did not stop within %g s: killed", STOP_GRACE_S)
                 self._server.kill()
                 self._server.wait()
             self._server = None

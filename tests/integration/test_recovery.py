@@ -9,14 +9,13 @@ import signal
 import subprocess
 import sys
 import threading
-from pathlib import Path
 
 import pytest
 
 from discovery import list_workers, paths
 from pool import Client, Pool, WorkerLost
 from tests.support import sample_tasks
-from tests.support.helpers import ROOT, children_of, wait_until
+from tests.support.helpers import ROOT, children_of, runs, wait_until
 from tests.support.pools import RunningPool, processes_mentioning, running_pool
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
@@ -82,7 +81,7 @@ def test_sigkilled_supervisor_leaves_nothing_running_and_is_replaced(
         os.kill(first.proc.pid, signal.SIGKILL)
         first.proc.wait(10)
         wait_until(lambda: processes_mentioning(namespace) == [], 10)
-        wait_until(lambda: not any(_running(p) for p in helpers), 10)
+        wait_until(lambda: not any(runs(p) for p in helpers), 10)
         assert (paths.SHM_DIR / paths.segment_name(namespace)).exists()  # stale
     finally:
         first.close()
@@ -141,12 +140,3 @@ def test_children_start_cleanly_in_a_program_that_imported_grpc_first() -> None:
     )
     assert "Fatal Python error" not in run.stderr, run.stderr[-3000:]
     assert run.returncode == 0 and run.stdout.strip() == "replaced 64", run.stderr
-
-
-def _running(pid: int) -> bool:
-    """Whether ``pid`` runs (a zombie, dead but not yet reaped, does not)."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    return stat.rsplit(")", 1)[1].split()[0] != "Z"

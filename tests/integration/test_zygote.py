@@ -17,7 +17,7 @@ import pytest
 from discovery import list_workers
 from pool import Client
 from tests.support import sample_tasks
-from tests.support.helpers import ROOT, run_script, wait_until
+from tests.support.helpers import ROOT, run_script, runs, wait_until
 from tests.support.pools import RunningPool, running_pool
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
@@ -270,3 +270,92 @@ def test_a_child_forked_for_a_cancelled_start_is_killed(tmp_path: Path) -> None:
     heals) leaves no child behind: the fork it asked for is killed."""
     lines = run_script(tmp_path, "cancel.py", CANCELLED_START.format(root=str(ROOT)))
     assert lines == ["cancelled", "no child left"]
+
+
+# A pool in a process that forks (a ProcessPoolExecutor of the fork method,
+# the default on Linux before 3.14): the fork holds the supervisor's end of
+# the zygote's socket until the file {gate} appears.
+FORKED_BESIDE = """
+import logging, multiprocessing, os, signal, sys, time
+sys.path.insert(0, {root!r})
+from pool import Pool
+
+said = []
+
+
+class Keep(logging.Handler):
+    def emit(self, record):
+        said.append(record.getMessage())
+
+
+def hold(gate):
+    deadline = time.monotonic() + 120
+    while not os.path.exists(gate) and time.monotonic() < deadline:
+        time.sleep(0.05)  # (a child waiting for the test's file)
+
+
+if __name__ == "__main__":
+    logging.getLogger("pool.supervisor").addHandler(Keep())
+    pool = Pool(namespace={namespace!r}, workers=1)
+    with pool as client:
+        assert client.submit(abs, -2).result(60) == 2
+        forks = multiprocessing.get_context("fork")
+        fork = forks.Process(target=hold, args=({gate!r},))
+        fork.start()
+        log = pool.log.getvalue().splitlines()
+        zygote = [s for s in log if s.startswith("zygote-ready")][0]
+        print(zygote.split("pid=")[1], fork.pid, flush=True)
+        if sys.argv[1:] == ["kill"]:
+            os.kill(os.getpid(), signal.SIGKILL)
+    print("killed" if any("killed" in s for s in said) else "stopped", flush=True)
+    open({gate!r}, "w").close()
+    fork.join()
+"""
+
+
+def test_a_closing_pool_stops_its_zygote_though_a_fork_holds_its_socket(
+    namespace: str, tmp_path: Path
+) -> None:
+    """The pool shuts the zygote's socket down: the zygote stops by itself
+    though a process forked from the pool's own still holds the socket.
+    Regression: it waited for the last holder, so the pool killed it after
+    5 s (and hung for good, with multiprocessing's fork server)."""
+    script = FORKED_BESIDE.format(
+        root=str(ROOT), namespace=namespace, gate=str(tmp_path / "gate")
+    )
+    lines = run_script(tmp_path, "beside.py", script)
+    zygote, _ = map(int, lines[0].split())
+    assert lines[1:] == ["stopped"]
+    assert not runs(zygote)
+
+
+def test_a_killed_pools_zygote_ends_though_a_fork_holds_its_socket(
+    namespace: str, tmp_path: Path
+) -> None:
+    """SIGKILL the pool's process while a process forked from it still
+    holds the zygote's socket: the zygote ends anyway (it watches its
+    parent), and the next pool on the namespace starts. Regression: it ran
+    for as long as the fork did."""
+    gate = tmp_path / "gate"
+    script = tmp_path / "killed.py"
+    script.write_text(
+        FORKED_BESIDE.format(root=str(ROOT), namespace=namespace, gate=str(gate))
+    )
+    run = subprocess.Popen(
+        [sys.executable, str(script), "kill"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )
+    assert run.stdout is not None
+    with run.stdout:  # (the fork keeps it open: its first line, not its end)
+        zygote, fork = map(int, run.stdout.readline().split())
+        try:
+            assert run.wait(60) == -signal.SIGKILL
+            wait_until(lambda: not runs(zygote), 10)
+        finally:
+            gate.touch()  # (the fork ends)
+            wait_until(lambda: not runs(fork), 30)
+            # (The next pool reclaims what the killed one left.)
+            with running_pool(namespace, "--workers", "1"), Client(namespace) as c:
+                assert c.submit(sample_tasks.square, 3).result(timeout=30) == 9

@@ -185,6 +185,15 @@ def wait_until(predicate: Callable[[], bool], timeout_s: float = DEADLINE_S) -> 
         delay = min(delay * 2, 0.05)
 
 
+def runs(pid: int) -> bool:
+    """Whether ``pid`` runs (a zombie, dead but not yet reaped, does not)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
 def children_of(pid: int) -> list[int]:
     """Live child pids of ``pid`` (Linux /proc)."""
     found: list[int] = []
