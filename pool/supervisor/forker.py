@@ -11,8 +11,9 @@ The server forks; the parent writes the child's pid to the status pipe,
 and, once it reaps the child (on ``SIGCHLD``, through the signal wakeup
 descriptor), its exit status (``-N`` for signal N), then closes it.
 
-The socket pair has no name in the file system and no other process has
-its ends, so there is nothing to authenticate and nothing to clean up.
+The socket pair has no name in the file system, and only the supervisor
+holds its end (and, with it, whatever the supervisor's process forks
+itself), so there is nothing to authenticate and nothing to clean up.
 The server exits when the supervisor's end closes or is shut down (the
 supervisor stopped it), or when the supervisor dies (its pidfd); the
 children it forked keep running, and their status pipes close unwritten.
