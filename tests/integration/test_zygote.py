@@ -8,6 +8,7 @@ import os
 import signal
 import subprocess
 import sys
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -96,37 +97,44 @@ def test_forked_workers_inherit_nothing_through_64_replacements(
         )
         supervisor = up.proc.pid
         with Client(namespace) as client:
-            killed: set[int] = set()
+            killed: list[int] = []  # (a list: the kernel may reuse a pid)
             for round_ in range(64 // KILLED_A_ROUND):
                 gate = tmp_path / f"gate-{round_}"
                 busy = [
                     client.submit(sample_tasks.gated, str(gate), i) for i in range(100)
                 ]
-                before = {w.pid for w in list_workers(namespace)}
-                gone = set(sorted(before)[:KILLED_A_ROUND])
-                for pid in gone:  # (stopped first: see tests/support/grpc_first.py)
-                    os.kill(pid, signal.SIGSTOP)
-                for pid in gone:
-                    os.kill(pid, signal.SIGKILL)
-                killed |= gone
+                before = {w.uid: w.pid for w in list_workers(namespace)}
+                gone = sorted(before, key=before.__getitem__)[:KILLED_A_ROUND]
+                for uid in gone:  # (stopped first: see tests/support/grpc_first.py)
+                    os.kill(before[uid], signal.SIGSTOP)
+                for uid in gone:
+                    os.kill(before[uid], signal.SIGKILL)
+                killed += [before[uid] for uid in gone]
 
-                def replaced(gone: set[int] = gone) -> bool:
-                    """16 workers registered, none of those killed, and the
-                    supervisor has read each one's READY line (it may lag the
-                    registry: a worker killed before that is a start that
-                    failed, not a start)."""
-                    now = {w.pid for w in list_workers(namespace)}
+                def replaced(gone: list[uuid.UUID] = gone) -> bool:
+                    """16 workers registered, none of those killed (known by
+                    uid: the kernel may give a pid again), and the supervisor
+                    has read each one's READY line (it may lag the registry:
+                    a worker killed before that is a start that failed, not
+                    a start)."""
+                    now = {w.uid: w.pid for w in list_workers(namespace)}
                     up.lines.drain()
                     started = set(workers_started(up))
-                    return len(now) == 16 and not now & gone and now <= started
+                    return (
+                        len(now) == 16
+                        and not now.keys() & set(gone)
+                        and set(now.values()) <= started
+                    )
 
                 wait_until(replaced, timeout_s=60)
-                for pid in {w.pid for w in list_workers(namespace)} - before:
+                for worker in list_workers(namespace):
+                    if worker.uid in before:
+                        continue
                     up.lines.drain()
                     notes = [line for line in up.lines.seen if "zygote" in line]
-                    assert ppid_of(pid) == zygote, notes
-                    assert list(inherited(pid, [zygote, supervisor])) == []
-                    assert os.readlink(f"/proc/{pid}/fd/0") == "/dev/null"
+                    assert ppid_of(worker.pid) == zygote, notes
+                    assert list(inherited(worker.pid, [zygote, supervisor])) == []
+                    assert os.readlink(f"/proc/{worker.pid}/fd/0") == "/dev/null"
                 gate.touch()
                 assert [f.result(timeout=60) for f in busy] == list(range(100))
         up.stop()
