@@ -38,6 +38,7 @@ class FakeLink(Link):
         self.written: list[Job] = []  # what reached the worker
         self.unwritten: list[Job] = []  # sent, not yet written
         self.cancels: list[int] = []
+        self.cancelled_at: list[float] = []  # (time.monotonic() of each)
         self.stops: list[int] = []
         self.abandons: list[int] = []
         self.ahead = 0  # what it may hold past its slots
@@ -71,6 +72,7 @@ class FakeLink(Link):
         {"cancel": self.cancels, "stop": self.stops, "abandon": self.abandons}[
             kind
         ].append(task_id)
+        self.cancelled_at.append(time.monotonic())
 
     async def run(self) -> None:
         if self._refusal is not None:  # (as a worker that refuses the token)

@@ -162,7 +162,9 @@ async def test_a_packed_worker_that_stops_answering_has_its_held_tasks_stolen() 
     goes to the idle worker.
 
     Regression (of packing): a long task among short ones, packed on a
-    worker, kept the short ones behind it while another worker sat idle."""
+    worker, kept the short ones behind it while another worker sat idle.
+    (Whether it was left alone while it kept up is read from when it was
+    asked: a look right after the idle worker came raced the clock.)"""
     async with world() as w:
         a = w.add("a", capacity=1)
         a.ahead = 2
@@ -172,10 +174,9 @@ async def test_a_packed_worker_that_stops_answering_has_its_held_tasks_stolen() 
         a.rtt_s, a.pace_s = 0.05, 0.0001
         a.progressed_at = time.monotonic()  # it keeps up, for a while
         w.add("b", capacity=1)
-        await settle()
-        assert a.cancels == [], "a worker that keeps up is left alone"
         async with asyncio.timeout(5):
             await until(lambda: a.cancels == [held[-1].task.id])
-        assert time.monotonic() - a.progressed_at >= a.rtt_s
+        kept_up = a.cancelled_at[0] - a.progressed_at
+        assert kept_up >= a.rtt_s, "a worker that keeps up is left alone"
         a.withdrawn(held[-1])
         assert held[-1].link is w.link("b")
