@@ -8,8 +8,10 @@ Three tables (see ``benchmarks/README.md``), each of no-op tasks
   flight), beside ``ProcessPoolExecutor(n)``'s rate in the same run;
 - by clients: 1, 4 and 16 client processes sharing one ``Pool(8)``, all
   released at once, each keeping its share of 256 tasks in flight for
-  :data:`CLIENT_S`; the total rate and the slowest client's over the
-  fastest's;
+  :data:`CLIENT_S`; the total rate, the slowest client's over the
+  fastest's, and the clients' CPU time per task (every thread of theirs,
+  gRPC's included: on a machine with fewer cores than clients, what
+  bounds their total);
 - a deep queue: ``pending`` no-ops submitted behind 8 tasks that hold
   every worker; the memory each pending task takes in the client and in
   the dispatcher, how long a new client waits for the dispatcher's
@@ -24,6 +26,7 @@ import concurrent.futures
 import contextlib
 import gc
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -74,26 +77,31 @@ def _one_size(n: int) -> Row:
 
 
 def by_clients(runs: int) -> dict[int, Row]:
-    """For each number of client processes: their total rate (/s) and the
-    slowest one's over the fastest one's."""
+    """For each number of client processes: their total rate (/s), the
+    slowest one's over the fastest one's, and their CPU time per task
+    (µs)."""
     samples: dict[int, dict[str, list[float]]] = {k: {} for k in CLIENTS}
     for _ in range(runs):
         with Pool(workers=8) as client:
             client.submit(noop).result()
             for k in CLIENTS:
-                rates = _clients(client.namespace, k)
-                samples[k].setdefault("total", []).append(sum(rates))
-                samples[k].setdefault("fair", []).append(min(rates) / max(rates))
+                rates, cores = zip(*_clients(client.namespace, k), strict=True)
+                figures = samples[k]
+                figures.setdefault("total", []).append(sum(rates))
+                figures.setdefault("fair", []).append(min(rates) / max(rates))
+                per_task_us = sum(cores) / sum(rates) * 1e6
+                figures.setdefault("client_us", []).append(per_task_us)
     return {k: _medians(figures) for k, figures in samples.items()}
 
 
-def _clients(namespace: str, k: int) -> list[float]:
+def _clients(namespace: str, k: int) -> list[tuple[float, float]]:
     """Start ``k`` client processes, release them together once all are
-    connected, and return each one's rate."""
+    connected, and return each one's rate and the cores it used."""
     share = str(max(16, IN_FLIGHT // k))
     with _client_processes(namespace, share, k) as procs:
         _release(procs)
-        return [float(proc.communicate(timeout=120)[0]) for proc in procs]
+        outputs = [proc.communicate(timeout=120)[0].split() for proc in procs]
+        return [(float(rate), float(cores)) for rate, cores in outputs]
 
 
 @contextlib.contextmanager
@@ -132,7 +140,8 @@ def _client_main(namespace: str, mode: str) -> None:
     """One client process: say ready once connected, wait for go, then
     print its round trip p50 in ms (``mode`` "rtt", :func:`deep_queue`), or
     keep ``mode`` no-ops in flight for :data:`CLIENT_S` and print the rate
-    (:func:`by_clients`; then ready comes after a first task answered)."""
+    and the cores it used (:func:`by_clients`; then ready comes after a
+    first task answered)."""
     with Client(namespace) as client:
         if mode == "rtt":
             assert client.max_workers >= 1
@@ -146,6 +155,7 @@ def _client_main(namespace: str, mode: str) -> None:
             return
         in_flight, done = int(mode), 0
         futures: list[concurrent.futures.Future[Any]] = []
+        cpu = _cpu_s()
         end = time.monotonic() + CLIENT_S
         while time.monotonic() < end:
             waited = len(futures)
@@ -153,7 +163,13 @@ def _client_main(namespace: str, mode: str) -> None:
             done += waited - len(futures)  # (a whole window may end at once)
             futures += [client.submit(noop) for _ in range(in_flight - len(futures))]
             concurrent.futures.wait(futures, return_when="FIRST_COMPLETED")
-        print(done / CLIENT_S, flush=True)
+        print(done / CLIENT_S, (_cpu_s() - cpu) / CLIENT_S, flush=True)
+
+
+def _cpu_s() -> float:
+    """This process's CPU time, every thread's (gRPC's own included)."""
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
 
 
 def _new_client_rtt_ms(
@@ -294,7 +310,7 @@ def _clients_table(clients: dict[int, Row], runs: int) -> Table:
     grid = _table(
         f"client processes sharing Pool(8), {IN_FLIGHT} in flight in all, "
         f"median of {runs}",
-        ("clients", "total (/s)", "over one client", "slowest / fastest"),
+        CLIENT_COLUMNS,
     )
     one = clients[CLIENTS[0]]["total"]
     for k, row in clients.items():
@@ -303,8 +319,18 @@ def _clients_table(clients: dict[int, Row], runs: int) -> Table:
             f"{row['total']:,.0f}",
             f"{row['total'] / one:.2f}x",
             f"{row['fair']:.2f}",
+            f"{row['client_us']:.0f}",
         )
     return grid
+
+
+CLIENT_COLUMNS: Final = (
+    "clients",
+    "total (/s)",
+    "over one client",
+    "slowest / fastest",
+    "client CPU per task (µs)",
+)
 
 
 def _queue_table(deep: Row, pending: int) -> Table:
