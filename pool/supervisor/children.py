@@ -37,6 +37,10 @@ from workers.protocol.worker_pb2 import Failure
 
 START_TIMEOUT_S: Final = 30.0
 BACKOFF_S: Final = (0.1, 10.0)  # first delay, cap
+DISPATCHER_STOP_S: Final = 15.0  # it waits for its last results, then ends
+# After a second Ctrl-C the workers are killed at once, but the dispatcher
+# still gets this long to tell each client how its tasks ended.
+HURRIED_DISPATCHER_STOP_S: Final = 2.0
 
 
 @dataclass(eq=False)
@@ -285,6 +289,23 @@ async def terminate(
         hurry.cancel()
         for process in alive:
             process.kill()
+
+
+async def stop_dispatcher(process: Process, kill_now: asyncio.Event) -> None:
+    """Stop the dispatcher, which first delivers the results it has: it gets
+    :data:`DISPATCHER_STOP_S`, or :data:`HURRIED_DISPATCHER_STOP_S` once
+    ``kill_now`` is set."""
+    if kill_now.is_set():
+        grace_s, hurry = HURRIED_DISPATCHER_STOP_S, asyncio.Event()
+    else:
+        grace_s, hurry = DISPATCHER_STOP_S, kill_now
+    await terminate([process], grace_s, hurry)
+
+
+async def kill(process: Process) -> None:
+    """SIGKILL ``process`` and reap it."""
+    process.kill()
+    await process.wait()
 
 
 async def _wait_all(processes: Sequence[Process]) -> None:

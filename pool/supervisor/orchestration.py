@@ -52,10 +52,13 @@ from pool.supervisor.children import (
     ChildPipes,
     InitializerFailedInChild,
     InitializerFailures,
+    Process,
     describe_exit,
     exit_fields,
+    kill,
     next_start,
     read_ready,
+    stop_dispatcher,
     terminate,
 )
 from pool.supervisor.control import ControlPipe
@@ -68,10 +71,6 @@ from pool.supervisor.zygote import Zygote, ZygoteUnavailable, fork_or_spawn
 from workers.common.offload import Offload
 from workers.protocol import auth
 
-DISPATCHER_STOP_S: Final = 15.0  # it waits for its last results, then ends
-# After a second Ctrl-C the workers are killed at once, but the dispatcher
-# still gets this long to tell each client how its tasks ended.
-HURRIED_DISPATCHER_STOP_S: Final = 2.0
 OUTPUT_DRAIN_S: Final = 1.0
 WORKER_ENTRY: Final = "workers.process:run"
 DISPATCHER_ENTRY: Final = "pool.dispatcher.server:run"
@@ -298,6 +297,27 @@ class Supervisor:
     async def _start(self, child: Child) -> None:
         """Start a child, wait for its READY line, and watch it from then on."""
         child.ready = {}
+        process, ready_fd = await self._fork(child)
+        child.process = process
+        if self._stopping:  # (forked once _stop_all had listed whom to stop)
+            os.close(ready_fd)
+            return await kill(process)
+        try:
+            child.ready = await read_ready(ready_fd, process, child.name)
+        except BaseException:
+            await kill(process)
+            raise
+        if child is not self._dispatcher:
+            self._inits.succeeded()
+        self._registrations.changed.set()  # (it looks again)
+        if child is self._dispatcher:
+            await self._dispatcher_ready(child.ready)
+        self.view.note(f"{child.kind}-started", name=child.name, pid=process.pid)
+        self._spawn(self._watch(child))
+
+    async def _fork(self, child: Child) -> tuple[Process, int]:
+        """Fork ``child`` with its pipes, and follow what it reports and
+        prints: the process, and the pipe of its READY line (to be read)."""
         pipes = ChildPipes.open(
             self._parent_fd,
             dispatcher=child is self._dispatcher,
@@ -319,20 +339,7 @@ class Supervisor:
             relaying = self._spawn(relay(pipes.output, show))
             self._relays.add(relaying)
             relaying.add_done_callback(self._relays.discard)
-        child.process = process
-        try:
-            child.ready = await read_ready(pipes.ready, process, child.name)
-        except BaseException:
-            process.kill()
-            await process.wait()
-            raise
-        if child is not self._dispatcher:
-            self._inits.succeeded()
-        self._registrations.changed.set()  # (it looks again)
-        if child is self._dispatcher:
-            await self._dispatcher_ready(child.ready)
-        self.view.note(f"{child.kind}-started", name=child.name, pid=process.pid)
-        self._spawn(self._watch(child))
+        return process, pipes.ready
 
     async def _dispatcher_ready(self, ready: dict[str, Any]) -> None:
         """Where clients find the dispatcher (a restarted one may listen
@@ -387,10 +394,5 @@ class Supervisor:
         await self._control.send(messages.Drain())
         workers = [c.process for c in self._workers if c.process is not None]
         await terminate(workers, self.settings.grace_s + 5, kill_now)
-        if self._dispatcher is None or self._dispatcher.process is None:
-            return
-        if kill_now.is_set():
-            grace_s, hurry = HURRIED_DISPATCHER_STOP_S, asyncio.Event()
-        else:
-            grace_s, hurry = DISPATCHER_STOP_S, kill_now
-        await terminate([self._dispatcher.process], grace_s, hurry)
+        if self._dispatcher is not None and self._dispatcher.process is not None:
+            await stop_dispatcher(self._dispatcher.process, kill_now)

@@ -18,7 +18,7 @@ from discovery import list_workers
 from pool import Client
 from tests.support import sample_tasks
 from tests.support.helpers import ROOT, run_script, runs, wait_until
-from tests.support.pools import RunningPool, running_pool
+from tests.support.pools import RunningPool, processes_mentioning, running_pool
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
 
@@ -39,6 +39,16 @@ def fds_of(pid: int) -> list[int]:
 def ppid_of(pid: int) -> int:
     stat = Path(f"/proc/{pid}/stat").read_text()
     return int(stat.rsplit(")", 1)[1].split()[1])
+
+
+def gone(pid: int) -> bool:
+    """Whether ``pid`` is reaped (not even a zombie is left)."""
+    return not Path(f"/proc/{pid}").exists()
+
+
+def state_of(pid: int) -> str:
+    """R (running), S (waiting), Z (a zombie), ... (Linux /proc)."""
+    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
 
 
 def field(line: str, name: str) -> int:
@@ -199,6 +209,47 @@ def test_workers_start_the_slow_way_until_a_dead_zygote_is_back(
         wait_until(one_new, timeout_s=30)
         (new,) = {w.pid for w in list_workers(namespace)} - before
         assert ppid_of(new) == zygote
+
+
+def test_a_worker_forked_as_the_pool_stops_is_killed_not_left_running(
+    namespace: str, tmp_path: Path
+) -> None:
+    """A worker dies, and the fork of its replacement returns only once the
+    pool has begun to stop, while a task still drains: the replacement is
+    killed there, never started, never left behind. (The supervisor, then
+    the zygote, are held with SIGSTOP so that the replacement is asked for
+    before the stop and forked after it.)"""
+    said, gate = tmp_path / "said", tmp_path / "gate"
+    with running_pool(namespace, "--workers", "2") as up, Client(namespace) as client:
+        zygote, supervisor = first_zygote(up), up.proc.pid
+        draining = client.submit(sample_tasks.pid_then_gated, str(said), str(gate))
+        wait_until(said.exists)
+        busy = int(said.read_text())
+        other = next(w.pid for w in list_workers(namespace) if w.pid != busy)
+        os.kill(supervisor, signal.SIGSTOP)
+        try:
+            os.kill(other, signal.SIGKILL)
+            # Reaped, and its death written to the supervisor: the zygote
+            # (one thread) waits again for what comes next.
+            wait_until(lambda: gone(other) and state_of(zygote) == "S")
+            os.kill(zygote, signal.SIGSTOP)
+            try:
+                os.kill(supervisor, signal.SIGCONT)
+                up.wait_for("worker-exited")  # (its replacement is asked for)
+                up.proc.send_signal(signal.SIGINT)
+                up.wait_for("stopping")  # (the busy worker drains until the gate)
+            finally:
+                os.kill(zygote, signal.SIGCONT)
+        finally:
+            os.kill(supervisor, signal.SIGCONT)
+        gate.touch()
+        assert draining.result(60) == 0  # (delivered as the pool drained)
+        up.wait_for("stopped")
+        assert up.proc.wait(60) == 0
+        assert processes_mentioning(namespace) == []
+        seen = up.lines.seen
+        since = seen[next(i for i, s in enumerate(seen) if s.startswith("stopping")) :]
+        assert [s for s in since if "-started" in s] == [], since
 
 
 def test_a_script_without_a_main_guard_is_not_run_again_in_the_workers(

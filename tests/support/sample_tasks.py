@@ -206,6 +206,14 @@ def gated_pid(gate: str) -> int:
     return os.getpid()
 
 
+def pid_then_gated(said: str, gate: str) -> int:
+    """Write the worker's pid to the file ``said``, then wait for ``gate``."""
+    with open(said + ".part", "w") as out:
+        out.write(str(os.getpid()))
+    os.replace(said + ".part", said)  # (whole, or not there)
+    return gated(gate, 0)
+
+
 def mul(x: int, y: int) -> int:
     return x * y
 
