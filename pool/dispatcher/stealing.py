@@ -58,6 +58,7 @@ class Withdrawals:
         self._look_again = look_again
         self._due: float | None = None  # when a holder left alone may lag
         self._timer: asyncio.TimerHandle | None = None
+        self._fires_at = 0.0  # when the timer, if set, fires
 
     def close(self) -> None:
         """Stop the look-again timer."""
@@ -106,14 +107,19 @@ class Withdrawals:
         return back
 
     def _watch(self, due: float) -> None:
-        """Look again at ``due`` (or sooner, if another holder lags sooner)."""
+        """Look again at ``due`` (or sooner, if another holder lags sooner);
+        a timer set for later than that is set again."""
         if self._due is None or due < self._due:
             self._due = due
-        if self._timer is None:
-            self._arm(self._due)
+        if self._timer is not None and self._fires_at <= self._due:
+            return  # (it fires first, and waits on for the rest if need be)
+        if self._timer is not None:
+            self._timer.cancel()
+        self._arm(self._due)
 
     def _arm(self, due: float) -> None:
         delay = max(due - time.monotonic(), LOOK_AGAIN_MIN_S)
+        self._fires_at = time.monotonic() + delay
         self._timer = asyncio.get_running_loop().call_later(delay, self._fire)
 
     def _fire(self) -> None:

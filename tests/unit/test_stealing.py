@@ -10,7 +10,9 @@ import grpc
 import pytest
 
 from pool.dispatcher.choosing import PACK_FACTOR
+from pool.dispatcher.jobs import Job
 from tests.support.routing import (
+    FakeLink,
     settle,
     until,
     world,
@@ -180,3 +182,35 @@ async def test_a_packed_worker_that_stops_answering_has_its_held_tasks_stolen() 
         assert kept_up >= a.rtt_s, "a worker that keeps up is left alone"
         a.withdrawn(held[-1])
         assert held[-1].link is w.link("b")
+
+
+async def test_a_holder_that_lags_sooner_is_looked_at_sooner() -> None:
+    """Two workers keep up beside an idle one, the first to be looked at
+    again in a minute, the other after a round trip of 50 ms: once the
+    second lags, its held task is asked back, without waiting for the first.
+
+    Regression: the look-again timer, once set for the first, was not set
+    again for the second's sooner time."""
+    async with world() as w:
+        a = w.add("a", capacity=1)
+        a.ahead = 3
+        on_a = [w.submit() for _ in range(4)]  # (1 runs, 3 held: looked at first)
+        keep_up(a, on_a[0], rtt_s=60.0)
+        c = w.add("c", capacity=1)
+        c.ahead = 2
+        on_c = [w.submit() for _ in range(3)]  # (1 runs, 2 held)
+        keep_up(c, on_c[0], rtt_s=0.05)
+        assert [j.link for j in on_a + on_c] == [a] * 4 + [c] * 3
+        w.add("b", capacity=1)
+        async with asyncio.timeout(5):
+            await until(lambda: c.cancels == [on_c[-1].task.id])
+        assert a.cancels == []
+
+
+def keep_up(link: FakeLink, running: Job, rtt_s: float) -> None:
+    """``link``'s worker has what it was sent, started ``running`` now, and
+    runs tasks far shorter than its round trip of ``rtt_s``."""
+    link.write()
+    link.start(running)
+    link.rtt_s, link.pace_s = rtt_s, 0.0001
+    link.progressed_at = time.monotonic()
