@@ -26,10 +26,10 @@ With ``--dashboard``, a :mod:`pool.supervisor.dashboard` sees what the view
 sees and the dispatcher's reports. When ``stop`` is set it drains: it tells
 the dispatcher (which fails the tasks no worker has yet), SIGTERMs every
 worker and gives them ``grace_s`` (cut short by ``kill_now``), SIGKILLs the
-rest, then stops the dispatcher, which first delivers every result it has;
-the registry's owner removes every file and segment. Its background work
-runs in one task group: an unexpected error ends ``pool up`` (after the
-drain).
+rest (and a replacement whose fork returns after that began), then stops
+the dispatcher, which first delivers every result it has; the registry's
+owner removes every file and segment. Its background work runs in one task
+group: an unexpected error ends ``pool up`` (after the drain).
 """
 
 from __future__ import annotations
