@@ -1,13 +1,15 @@
-"""The round-trip floor for our shape: two raw grpc.aio hops.
+"""The round-trip floor for our shape: two raw grpc.aio hops, or one.
 
 A client sends 64 bytes on a bidi stream to a *relay*, which forwards them
 on a stream of its own to an *echo* server and sends the answer back: two
 hops on unix sockets, each process on uvloop, as a task goes client →
 dispatcher → worker. No protobuf, no pickling, no routing: what is left
-of a no-op task's round trip when everything of ours is taken away.
+of a no-op task's round trip when everything of ours is taken away. With
+``hops=1`` the client talks to the echo server itself, as a task would go
+straight to its worker.
 
 ``python -m pool.bench.floor echo|relay SOCKET [UPSTREAM]`` runs one server
-(printing ``ready`` once it listens); :func:`measure` starts both and
+(printing ``ready`` once it listens); :func:`measure` starts them and
 times ``samples`` round trips in a row.
 """
 
@@ -84,19 +86,20 @@ async def _round_trips(socket: str, samples: int) -> list[float]:
     return times[WARM_UP:]
 
 
-def measure(samples: int = 500, cpu: dict[str, float] | None = None) -> list[float]:
-    """Round trips through relay and echo, in seconds (each its own process);
-    with ``cpu``, each process's CPU time per round trip (s) goes in it, as
-    ``client`` (this process), ``relay`` and ``echo``."""
+def measure(
+    samples: int = 500, cpu: dict[str, float] | None = None, hops: int = 2
+) -> list[float]:
+    """Round trips through relay and echo (``hops=2``) or to echo alone
+    (``hops=1``), in seconds, each server its own process; with ``cpu``,
+    each process's CPU time per round trip (s) goes in it, as ``client``
+    (this process), ``relay`` (two hops) and ``echo``."""
     with tempfile.TemporaryDirectory(prefix="shmp-floor-") as directory:
         echo_socket = str(Path(directory) / "echo.sock")
         relay_socket = str(Path(directory) / "relay.sock")
+        roles = [["echo", echo_socket], ["relay", relay_socket, echo_socket]]
         servers = []
         try:
-            for argv in (
-                ["echo", echo_socket],
-                ["relay", relay_socket, echo_socket],
-            ):
+            for argv in roles[:hops]:
                 server = subprocess.Popen(
                     [sys.executable, "-m", "pool.bench.floor", *argv],
                     stdout=subprocess.PIPE,
@@ -106,10 +109,12 @@ def measure(samples: int = 500, cpu: dict[str, float] | None = None) -> list[flo
                 assert server.stdout is not None
                 if server.stdout.readline().strip() != "ready":
                     raise RuntimeError("a floor server did not start")
-            pids = {"echo": servers[0].pid, "relay": servers[1].pid}
+            started = zip(roles[:hops], servers, strict=True)
+            pids = {argv[0]: server.pid for argv, server in started}
             before = {name: cpu_s(pid) for name, pid in pids.items()}
             mine = time.process_time()
-            times = uvloop.run(_round_trips(relay_socket, samples))
+            nearest = relay_socket if hops == 2 else echo_socket
+            times = uvloop.run(_round_trips(nearest, samples))
             if cpu is not None:
                 rounds = len(times) + WARM_UP
                 cpu["client"] = (time.process_time() - mine) / rounds
