@@ -20,11 +20,11 @@ from typing import Any
 import numpy as np
 import pytest
 
-from discovery import list_workers, paths
+from discovery import paths
 from pool import Client, PoolNotRunning
 from tests.support import data_tasks
 from tests.support.helpers import DEADLINE_S, python_module, wait_until
-from tests.support.pools import pool_command, running_pool
+from tests.support.pools import none_registered, pool_command, running_pool
 from workers.protocol import owners, segments
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
@@ -184,7 +184,7 @@ def test_a_supervisor_killed_with_large_tasks_in_flight_leaves_nothing(
                 for future in futures:
                     with suppress(PoolNotRunning):
                         assert future.result(DEADLINE_S * 3).sum() == MIB
-        wait_until(lambda: not list_workers(namespace), timeout_s=DEADLINE_S)
+        wait_until(lambda: none_registered(namespace), timeout_s=DEADLINE_S)
         cleaned = pool_command("ls", "--clean")
         assert cleaned.returncode == 0, cleaned.stderr
         key = paths.segment_name(namespace)

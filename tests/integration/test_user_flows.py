@@ -15,7 +15,7 @@ from discovery import list_workers, paths
 from pool import Client
 from tests.support import sample_tasks
 from tests.support.helpers import DEADLINE_S, ROOT, wait_until
-from tests.support.pools import pool_command, running_pool
+from tests.support.pools import none_registered, pool_command, running_pool
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 
@@ -91,7 +91,7 @@ def test_pool_ls_traces_a_segment_to_its_pool_and_cleans_dead_ones(
         ]
         pool.proc.send_signal(signal.SIGKILL)
         pool.proc.wait(DEADLINE_S)
-        wait_until(lambda: not list_workers(namespace), timeout_s=DEADLINE_S)
+        wait_until(lambda: none_registered(namespace), timeout_s=DEADLINE_S)
         dead = pool_command("ls").stdout
         assert f"pool namespace={namespace} owner=dead workers=-" in dead
         assert segment.exists()

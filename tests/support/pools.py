@@ -17,6 +17,7 @@ from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
 
+from discovery import NamespaceNotFound, list_workers
 from tests.support.helpers import DEADLINE_S, ROOT, LineReader
 
 
@@ -199,3 +200,13 @@ def self_signed(directory: Path, ip: str) -> tuple[Path, Path]:
         timeout=60,
     )
     return cert, key
+
+
+def none_registered(namespace: str) -> bool:
+    """No worker of ``namespace`` is registered. (A dead pool's registry
+    may be gone: any pool that starts meanwhile reaps registries whose
+    creator died, whatever runtime directory they ran in.)"""
+    try:
+        return not list_workers(namespace)
+    except NamespaceNotFound:
+        return True
