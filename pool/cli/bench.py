@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import sys
+from pathlib import Path
 
 from pool.cli.common import Commands, UsageError, command
 from pool.client.executor import Client
@@ -66,6 +68,8 @@ def run_bench(args: argparse.Namespace) -> int:
     from pool.bench import suite
 
     _check(args)
+    if (note := _uncompiled()) is not None:
+        print(note, file=sys.stderr)
     if args.scale:
         return _run_scale(args)
     if args.namespace is not None:
@@ -118,3 +122,24 @@ def _check(args: argparse.Namespace) -> None:
         raise UsageError(
             "--chart needs matplotlib: .venv/bin/pip install -e '.[bench]'"
         )
+
+
+def _uncompiled() -> str | None:
+    """A warning, if every pool process will compile our modules as it
+    starts (no cached bytecode, and none to be written): the start figures
+    would then be slower than an installed pool's."""
+    import workers.process
+
+    source = workers.process.__file__
+    if not sys.flags.dont_write_bytecode or source is None:
+        return None
+    if Path(importlib.util.cache_from_source(source)).exists():
+        return None
+    tree = Path(source).parents[1]
+    packages = " ".join(str(tree / name) for name in ("pool", "workers", "discovery"))
+    return (
+        "note: PYTHONDONTWRITEBYTECODE is set and shm-pool's modules have no "
+        "cached bytecode, so every pool process compiles them as it starts "
+        "(start figures slower than an installed pool's); to measure as "
+        f"installed: python -m compileall -q {packages}"
+    )

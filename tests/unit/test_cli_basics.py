@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 import sys
@@ -52,3 +53,30 @@ def test_submit_takes_positional_then_keyword_literals() -> None:
         _call(["x=1", "2"])
     with pytest.raises(UsageError, match="is not a Python literal"):
         _call(["x=oops"])
+
+
+@pytest.mark.parametrize("dont_write", [True, False])
+def test_bench_says_when_pools_would_compile_our_modules_as_they_start(
+    tmp_path: Path, dont_write: bool
+) -> None:
+    """With bytecode neither cached (an empty cache prefix) nor written,
+    `pool bench` warns that its start figures include compiling; where
+    bytecode is written, it says nothing."""
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+    env["PYTHONPYCACHEPREFIX"] = str(tmp_path)
+    if dont_write:
+        env["PYTHONDONTWRITEBYTECODE"] = "1"
+    code = "from pool.cli.bench import _uncompiled; print(_uncompiled())"
+    run = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
+    )
+    assert run.returncode == 0, run.stderr
+    if dont_write:
+        assert run.stdout.startswith("note: PYTHONDONTWRITEBYTECODE is set")
+        assert "python -m compileall -q " in run.stdout
+    else:
+        assert run.stdout == "None\n"
