@@ -143,13 +143,13 @@ def test_what_a_killed_pool_left_is_reaped_whatever_its_runtime_directory(
 
 
 def _kill_with_data(namespace: str, runtime_dir: Path) -> None:
-    """A pool of ``namespace`` in ``runtime_dir``, and a client of it with an
-    array in shared memory: both SIGKILLed; its children gone after them."""
+    """A pool of ``namespace`` in ``runtime_dir``, and a client of it holding
+    an array in shared memory: both SIGKILLed; its children gone after them."""
     pool = RunningPool(namespace, "--workers", "1", runtime_dir=runtime_dir)
     try:
         pool.wait_for("ready ", 60)
         client = subprocess.Popen(
-            [sys.executable, "-m", "tests.support.data_client", namespace],
+            [sys.executable, "-m", "tests.support.data_client", namespace, "--hold"],
             stdout=subprocess.PIPE,
             text=True,
             cwd=ROOT,
@@ -158,7 +158,8 @@ def _kill_with_data(namespace: str, runtime_dir: Path) -> None:
         assert client.stdout is not None
         with client.stdout:
             try:
-                LineReader(client.stdout).wait_for("writing 1", 60)  # (one crossed)
+                # (Held, not sent: a task's arguments go once it is answered.)
+                LineReader(client.stdout).wait_for("holding", 60)
             finally:
                 client.kill()
                 client.wait()
