@@ -144,11 +144,12 @@ def test_the_dispatcher_holds_a_chunk_of_a_large_payload_not_all_of_it(
             assert client.submit(numpy.sum, array).result(120) == 5e7
             assert client.submit(numpy.ones, 50_000_000).result(120).shape == (5e7,)
         grown = _peak_rss(dispatcher) - before
-        # (Buffering one payload would be 400 MB. gRPC's buffers and the
-        # allocator's took 33-83 MiB here on a quiet machine, the same after
-        # 4 rounds as 3, and 103 MiB once beside a loaded core, when more
-        # chunks wait in gRPC's windows: half a payload tells the two apart.)
-        assert grown < array.nbytes / 2, f"the dispatcher grew by {grown / MIB:.0f} MiB"
+        # (Buffering a payload would grow it by 400 MB at least, a copy per
+        # message more. gRPC's buffers and the allocator's took 33-83 MiB here
+        # on a quiet machine, the same after 4 rounds as 3; beside a busy core,
+        # when more chunks wait in gRPC's windows, 103 MiB, and 216 MiB once
+        # on 3.13 in the whole suite: less than a payload tells them apart.)
+        assert grown < array.nbytes, f"the dispatcher grew by {grown / MIB:.0f} MiB"
 
 
 class _Heard:
