@@ -11,8 +11,10 @@ losses and stealing, one pump a loop turn as the dispatcher pumps once a
 message) run on a loop in this process, its links straight to the
 workers' ``Run`` streams (one hop), each result handed to a bare owner
 (no client futures, no thread hop: the engine alone), in a process of its
-own; the raw floors of one
-and two grpc.aio hops (:mod:`pool.bench.floor`); and
+own, and the round trip of the same with a coroutine no-op, which a worker
+runs on its loop (a plain call goes to a slot thread and back: the
+difference is that hand-off); the raw floors of one and two grpc.aio
+hops (:mod:`pool.bench.floor`); and
 ``ProcessPoolExecutor(8)``, the same ways. Prints each run, then the
 medians and their ratios. The design it measures ahead of is "One hop per
 task" in ``docs/architecture.md``.
@@ -35,8 +37,8 @@ import uvloop
 from discovery import backends
 from pool import Client, Pool
 from pool.bench import floor
-from pool.bench.measures import round_trips_ms, submit_rate
-from pool.bench.tasks import noop
+from pool.bench.measures import async_round_trips_ms, round_trips_ms, submit_rate
+from pool.bench.tasks import async_noop, noop
 from pool.client.core import Submissions
 from pool.dispatcher import admission
 from pool.dispatcher.jobs import Job
@@ -52,15 +54,13 @@ Row = dict[str, float]
 
 
 class _Engine:
-    """No-ops submitted through ``router``, each answered on a future of
-    this loop; the router's owner of every job."""
+    """Calls of ``fn`` (a no-op) submitted through ``router``, each answered
+    on a future of this loop; the router's owner of every job."""
 
-    def __init__(self, router: Router) -> None:
+    def __init__(self, router: Router, fn: Callable[[], object]) -> None:
         self._router = router
         submissions = Submissions()
-        submission, self._code, _ = submissions.make(
-            submissions.reference(noop), (), {}
-        )
+        submission, self._code, _ = submissions.make(submissions.reference(fn), (), {})
         self._task = submission.task
         self._waiting: dict[int, asyncio.Future[Result]] = {}
         self._ids = itertools.count(1)
@@ -92,17 +92,6 @@ class _Engine:
         self._waiting.pop(job.client_id).set_result(result)
 
 
-async def _round_trips_ms(
-    submit: Callable[[], asyncio.Future[Result]], n: int
-) -> float:
-    times = []
-    for _ in range(n):
-        started = time.perf_counter()
-        await submit()
-        times.append(time.perf_counter() - started)
-    return statistics.median(times) * 1e3
-
-
 async def _rate(submit: Callable[[], asyncio.Future[Result]]) -> float:
     """Tasks a second, ``IN_FLIGHT`` unanswered at a time, ``SUBMITS`` in all."""
     started = time.perf_counter()
@@ -128,14 +117,22 @@ async def _through_router(namespace: str, samples: int) -> Row:
         WorkerLink.connector(token, None),
         is_alive=backends.liveness_for(None),
     )
-    engine = _Engine(router)
+    engine, coroutines = _Engine(router, noop), _Engine(router, async_noop)
     async with router, asyncio.TaskGroup() as group:
         following = group.create_task(admission.follow(namespace, router, None, False))
         while sum(link.ready for link in router.links.values()) < WORKERS:
             await asyncio.sleep(0.01)  # (a benchmark's wait, not a test's)
-        await _round_trips_ms(engine.submit, 50)  # (warm up)
-        row = {"rtt": await _round_trips_ms(engine.submit, samples)}
-        row["rate"] = await _rate(engine.submit)
+        for warming in (engine, coroutines):
+            await async_round_trips_ms(warming.submit, 50)
+        row = {
+            "rtt": statistics.median(
+                await async_round_trips_ms(engine.submit, samples)
+            ),
+            "rtt_coroutine": statistics.median(
+                await async_round_trips_ms(coroutines.submit, samples)
+            ),
+            "rate": await _rate(engine.submit),
+        }
         following.cancel()
         router.stop_taking()
         await router.finish(1.0)
@@ -147,8 +144,8 @@ def _router_in_own_process(namespace: str, samples: int) -> Row:
     run it (gRPC's asyncio poller serves one loop a process)."""
     argv = [sys.executable, "-m", "benchmarks.one_hop", "--engine", namespace]
     argv += ["--samples", str(samples)]
-    rtt, rate = subprocess.run(argv, check=True, capture_output=True).stdout.split()
-    return {"rtt": float(rtt), "rate": float(rate)}
+    out = subprocess.run(argv, check=True, capture_output=True).stdout.split()
+    return dict(zip(("rtt", "rtt_coroutine", "rate"), map(float, out), strict=True))
 
 
 def _one_run(client: Client, samples: int) -> dict[str, Row]:
@@ -157,9 +154,14 @@ def _one_run(client: Client, samples: int) -> dict[str, Row]:
             "rtt": statistics.median(round_trips_ms(client, samples)),
             "rate": submit_rate(client, SUBMITS),
         },
-        "Router in the client (one hop)": _router_in_own_process(
-            client.namespace, samples
-        ),
+    }
+    one_hop = _router_in_own_process(client.namespace, samples)
+    rows["Router in the client (one hop)"] = {
+        "rtt": one_hop["rtt"],
+        "rate": one_hop["rate"],
+    }
+    rows["the same, a coroutine no-op (no slot thread)"] = {
+        "rtt": one_hop["rtt_coroutine"]
     }
     with concurrent.futures.ProcessPoolExecutor(WORKERS) as peer:
         peer.submit(noop).result()
@@ -200,7 +202,7 @@ def main() -> None:
     args = parser.parse_args()
     if args.engine:  # (the one-hop half, in its own process)
         row = uvloop.run(_through_router(args.engine, args.samples))
-        print(row["rtt"], row["rate"])
+        print(row["rtt"], row["rtt_coroutine"], row["rate"])
         return
     runs = []
     with Pool(workers=WORKERS) as client:

@@ -32,7 +32,7 @@ import uvloop
 
 from pool import AsyncClient, Client, Pool
 from pool.bench import floor
-from pool.bench.measures import descendants, rtt_ms
+from pool.bench.measures import async_round_trips_ms, descendants, rtt_ms
 from pool.bench.proc import cpu_s
 from pool.bench.tasks import noop
 
@@ -41,14 +41,10 @@ async def _async_rtt(namespace: str, samples: int) -> tuple[float, float]:
     """The median round trip (ms), and this process's CPU per one (µs)."""
     async with AsyncClient(namespace) as client:
         await client.submit(noop, 1)
-        times = []
         cpu = time.process_time()
-        for _ in range(samples):
-            started = time.perf_counter()
-            await client.submit(noop, 1)
-            times.append(time.perf_counter() - started)
+        times = await async_round_trips_ms(lambda: client.submit(noop, 1), samples)
         cpu = time.process_time() - cpu
-    return statistics.median(times) * 1e3, cpu / samples * 1e6
+    return statistics.median(times), cpu / samples * 1e6
 
 
 def _pool_pids() -> dict[str, list[int]]:

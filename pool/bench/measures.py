@@ -16,7 +16,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any, Final
 
@@ -51,6 +51,18 @@ def round_trips_ms(executor: Executor, samples: int) -> list[float]:
     for _ in range(samples):
         started = time.perf_counter()
         executor.submit(noop, 1).result()
+        times.append((time.perf_counter() - started) * 1e3)
+    return times
+
+
+async def async_round_trips_ms(
+    call: Callable[[], Awaitable[object]], samples: int
+) -> list[float]:
+    """``samples`` calls of ``call`` awaited one after another (ms each)."""
+    times = []
+    for _ in range(samples):
+        started = time.perf_counter()
+        await call()
         times.append((time.perf_counter() - started) * 1e3)
     return times
 

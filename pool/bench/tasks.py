@@ -11,6 +11,13 @@ def noop(x: int = 0) -> int:
     return x
 
 
+async def async_noop(x: int = 0) -> int:
+    """A coroutine no-op: a worker runs it on its loop, where a plain call
+    goes to a slot thread and back (``benchmarks/one_hop.py`` measures the
+    difference)."""
+    return x
+
+
 def burn(seconds: float) -> float:
     """Spend ``seconds`` of this thread's CPU time."""
     end = time.thread_time() + seconds
