@@ -7,7 +7,8 @@ with where its object lies, so a task that takes it, at any depth of its
 arguments, receives the object itself, mapped. Pickled by its client's
 store, it also holds its segments for the task (so that they outlive a
 reference dropped while the task runs); pickled for another client or
-pool, or once released, it is a clear error.
+pool, or once released, it is a clear error. :func:`get` is the object
+again, for its client (``Client.get``).
 """
 
 from __future__ import annotations
@@ -26,6 +27,10 @@ if TYPE_CHECKING:
 RELEASED: Final = (
     "this ObjectRef was released (or its client closed); put the object "
     "again with client.put(obj)"
+)
+FOREIGN: Final = (
+    "this ObjectRef belongs to another client or pool; use it with the "
+    "client whose put() made it"
 )
 current = threading.local()  # .packing: the Packing under way in a thread
 
@@ -76,10 +81,7 @@ class ObjectRef:
         packing: Packing | None = getattr(current, "packing", None)
         if packing is not None:
             if packing.store is not self._store:
-                raise ValueError(
-                    "this ObjectRef belongs to another client or pool; pass it "
-                    "to tasks of the client whose put() made it"
-                )
+                raise ValueError(FOREIGN)
             packing.refs.append(self)
         return payload.deref, (self._blob,)
 
@@ -87,3 +89,23 @@ class ObjectRef:
         size = payload.size_of(self.data)
         state = " released" if self.released else ""
         return f"<ObjectRef {size} bytes in shared memory{state}>"
+
+
+def get(ref: object, store: Store | None) -> Any:
+    """The object ``ref`` stands for, for the client of ``store``: mapped from
+    shared memory as a task receives it (copy-on-write: a write changes this
+    process's pages only), or unpickled from the reference if it is small.
+
+    :raises TypeError: if ``ref`` is not an :class:`ObjectRef`.
+    :raises ValueError: if it was released, or another client's.
+    """
+    if not isinstance(ref, ObjectRef):
+        raise TypeError(
+            f"get() takes an ObjectRef (from client.put), not "
+            f"{type(ref).__name__}; a future's value is future.result()"
+        )
+    if ref.released:
+        raise ValueError(RELEASED)
+    if ref._store is not store:
+        raise ValueError(FOREIGN)
+    return payload.loads(ref.data)
