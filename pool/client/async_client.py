@@ -25,7 +25,6 @@ import weakref
 from collections.abc import AsyncIterator, Callable, Iterable
 from typing import Any, Self, Unpack
 
-from pool.client import refs
 from pool.client.cancels import CANCEL_WAIT_S, NO_ASKS, Ask
 from pool.client.connection import Connection
 from pool.client.core import ClientOptions, dropped, open_options, outcome
@@ -139,11 +138,6 @@ class AsyncClient:
         if connection.store is None:
             raise RuntimeError(NO_STORE.format(namespace=self.namespace))
         return connection.store.put(value)
-
-    def get(self, ref: ObjectRef) -> Any:
-        """:meth:`Client.get`, for asyncio code (it maps the object before
-        it returns)."""
-        return refs.get(ref, self._opened().store)
 
     async def _outcome(self, handler: _AsyncHandler) -> Any:
         task = asyncio.current_task()

@@ -32,7 +32,6 @@ import weakref
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any, Unpack
 
-from pool.client import refs
 from pool.client.core import ClientOptions, open_options
 from pool.client.futures import PoolFuture
 from pool.client.handlers import withdraw
@@ -270,17 +269,6 @@ class Client(concurrent.futures.Executor):
         if store is None:
             raise RuntimeError(NO_STORE.format(namespace=self.namespace))
         return store.put(value)
-
-    def get(self, ref: ObjectRef) -> Any:
-        """The object ``ref`` (from :meth:`put`) stands for, as a task
-        receives it: mapped from shared memory, not copied (a write changes
-        only this process's pages), as ``ray.get`` gives a ``put`` object
-        back. A future's value is ``future.result()``.
-
-        :raises TypeError: if ``ref`` is not an :class:`ObjectRef`.
-        :raises ValueError: if it was released, or is another client's.
-        """
-        return refs.get(ref, self._runner.store)
 
     def cancel(
         self, futures: Iterable[concurrent.futures.Future[Any]], *, force: bool = False

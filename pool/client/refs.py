@@ -7,8 +7,8 @@ with where its object lies, so a task that takes it, at any depth of its
 arguments, receives the object itself, mapped. Pickled by its client's
 store, it also holds its segments for the task (so that they outlive a
 reference dropped while the task runs); pickled for another client or
-pool, or once released, it is a clear error. :func:`get` is the object
-again, for its client (``Client.get``).
+pool, or once released, it is a clear error. :meth:`ObjectRef.get` is
+the object again.
 """
 
 from __future__ import annotations
@@ -75,6 +75,19 @@ class ObjectRef:
         """Let go of it now (tasks that name it keep it until they end)."""
         self._finalizer()
 
+    def get(self) -> Any:
+        """The object, as a task receives it: mapped from shared memory, not
+        copied (a write changes only this process's pages), or unpickled
+        from the reference if it is small; ``ray.get`` of a ``put``. (Here,
+        not on the client: dask takes any "Client" with a ``get`` for its
+        own distributed client, and ``scheduler=client`` would break.)
+
+        :raises ValueError: if it was released (or its client closed).
+        """
+        if self.released:
+            raise ValueError(RELEASED)
+        return payload.loads(self.data)
+
     def __reduce__(self) -> tuple[Any, tuple[bytes]]:
         if self.released:
             raise ValueError(RELEASED)
@@ -89,23 +102,3 @@ class ObjectRef:
         size = payload.size_of(self.data)
         state = " released" if self.released else ""
         return f"<ObjectRef {size} bytes in shared memory{state}>"
-
-
-def get(ref: object, store: Store | None) -> Any:
-    """The object ``ref`` stands for, for the client of ``store``: mapped from
-    shared memory as a task receives it (copy-on-write: a write changes this
-    process's pages only), or unpickled from the reference if it is small.
-
-    :raises TypeError: if ``ref`` is not an :class:`ObjectRef`.
-    :raises ValueError: if it was released, or another client's.
-    """
-    if not isinstance(ref, ObjectRef):
-        raise TypeError(
-            f"get() takes an ObjectRef (from client.put), not "
-            f"{type(ref).__name__}; a future's value is future.result()"
-        )
-    if ref.released:
-        raise ValueError(RELEASED)
-    if ref._store is not store:
-        raise ValueError(FOREIGN)
-    return payload.loads(ref.data)

@@ -231,33 +231,27 @@ def test_a_put_reference_is_read_by_many_tasks_and_goes_with_its_last_holder(
             client.submit(data_tasks.total, released).result(timeout=60)
 
 
-def test_get_gives_a_put_object_back_mapped_as_a_task_receives_it(
+def test_a_put_object_comes_back_from_its_reference_mapped_as_a_task_receives_it(
     pools: tuple[Client, ProcessPoolExecutor],
 ) -> None:
-    """``client.get(ref)`` is the object put: a large one mapped from its
-    segment, copy-on-write (a write to it changes neither another get nor
-    what tasks see), a small one from the reference; a released reference,
-    another client's or a future is a clear error."""
+    """``ref.get()`` is the object put: a large one mapped from its segment,
+    copy-on-write (a write to it changes neither another get nor what tasks
+    see), a small one from the reference; a released reference is a clear
+    error. The client has no ``get``: dask would take it for its own."""
     client, _ = pools
     a = np.arange(4 * MIB // 8, dtype=np.float64)
     ref = client.put(a)
-    got = client.get(ref)
+    got = ref.get()
     assert np.array_equal(got, a) and got.flags.writeable
     assert isinstance(_buffer_owner(got), mmap.mmap)  # mapped, not copied
     got[0] = -1.0
-    assert client.get(ref)[0] == 0.0
+    assert ref.get()[0] == 0.0
     assert client.submit(data_tasks.identity, ref).result(60)[0] == 0.0
-    assert client.get(client.put({"k": [1, 2]})) == {"k": [1, 2]}
-    future = client.submit(data_tasks.total, ref)
-    with pytest.raises(TypeError, match=r"not PoolFuture; .*future\.result\(\)"):
-        client.get(future)  # type: ignore[arg-type]
-    assert future.result(60) == float(a.sum())
+    assert client.put({"k": [1, 2]}).get() == {"k": [1, 2]}
+    assert not hasattr(client, "get")
     ref.release()
     with pytest.raises(ValueError, match="was released"):
-        client.get(ref)
-    with Pool(workers=1) as other:
-        with pytest.raises(ValueError, match="another client or pool"):
-            client.get(other.put(np.ones(EDGE)))
+        ref.get()
 
 
 def _buffer_owner(a: np.ndarray) -> object:
@@ -331,9 +325,7 @@ def test_an_async_client_sends_and_receives_large_arrays(
             doubled = await aclient.submit(data_tasks.double, a)
             ref = aclient.put(a)
             sums = [s async for s in aclient.map(data_tasks.total, [ref] * 4)]
-            assert np.array_equal(aclient.get(ref), a)
-            with pytest.raises(ValueError, match="another client or pool"):
-                aclient.get(client.put(a[:EDGE]))  # (the other client's)
+            assert np.array_equal(ref.get(), a)
             return total, doubled, sums
 
     total, doubled, sums = asyncio.run(main())
