@@ -28,10 +28,6 @@ RELEASED: Final = (
     "this ObjectRef was released (or its client closed); put the object "
     "again with client.put(obj)"
 )
-FOREIGN: Final = (
-    "this ObjectRef belongs to another client or pool; use it with the "
-    "client whose put() made it"
-)
 current = threading.local()  # .packing: the Packing under way in a thread
 
 
@@ -94,7 +90,10 @@ class ObjectRef:
         packing: Packing | None = getattr(current, "packing", None)
         if packing is not None:
             if packing.store is not self._store:
-                raise ValueError(FOREIGN)
+                raise ValueError(
+                    "this ObjectRef belongs to another client or pool; pass it "
+                    "to tasks of the client whose put() made it"
+                )
             packing.refs.append(self)
         return payload.deref, (self._blob,)
 
