@@ -84,9 +84,12 @@ def _call_bytes(columns: Columns) -> int:
 
 
 def _columns(iterables: tuple[Iterable[Any], ...]) -> Columns:
-    """A map's arguments by position, as long as its shortest iterable."""
+    """A map's arguments by position, as long as its shortest iterable (a
+    ``range`` or a tuple as it is: it cannot change, and a slice of a range
+    pickles as its bounds)."""
     if len(iterables) == 1:
-        return [list(iterables[0])]
+        only = iterables[0]
+        return [only if isinstance(only, range | tuple) else list(only)]
     calls = list(zip(*iterables, strict=False))
     return [list(column) for column in zip(*calls, strict=True)] if calls else []
 

@@ -3,6 +3,8 @@ come out."""
 
 from __future__ import annotations
 
+import pickle
+
 import pytest
 
 from pool.client.core import Submissions
@@ -77,3 +79,19 @@ def test_a_map_of_a_callable_timed_before_skips_the_probes() -> None:
     assert not plan.adaptive and plan.rest(per_call) == []
     assert MIN_CHUNKS <= len(chunks) <= MIN_CHUNKS + 1
     assert [x for (columns,) in chunks for x in columns[0]] == list(range(10_000))
+
+
+def test_a_range_travels_as_bounds_and_a_list_as_it_was_when_mapped() -> None:
+    """A chunk of a mapped range is a range (its pickle is three numbers,
+    not its values); a chunk of a list holds the values the list had when
+    the map was made, whatever the caller does to it afterwards."""
+    ranged = MapPlan((range(3, 1_000_003),), None, per_task_limit=False)
+    chunks = ranged.first(1e-6)
+    assert all(type(columns[0]) is range for (columns,) in chunks)
+    assert [x for (columns,) in chunks for x in columns[0]] == list(range(3, 1_000_003))
+    assert max(len(pickle.dumps(args)) for args in chunks) < 200
+    values = [1, 2, 3] * 100
+    listed = MapPlan((values,), None, per_task_limit=False)
+    values.clear()
+    chunks = listed.first(1e-6)
+    assert [x for (columns,) in chunks for x in columns[0]] == [1, 2, 3] * 100
