@@ -66,7 +66,9 @@ def auto_chunksize(
     return max(1, min(size, calls // MIN_CHUNKS))
 
 
-Columns = list[list[Any]]  # a map's arguments, one list per iterable
+# A map's arguments, one sequence per iterable: a list of its values, or
+# the range or tuple it was.
+Columns = list[list[Any] | range | tuple[Any, ...]]
 
 
 def _call_bytes(columns: Columns) -> int:
