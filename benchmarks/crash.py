@@ -63,7 +63,7 @@ SMALL = ["sh", "-c", "echo ready; exec sleep 60"]
 LIKE_A_WORKER = [
     sys.executable,
     "-c",
-    "import workers.process, pool.dispatcher.placement; print('ready', flush=True); "
+    "import workers.process, pool.routing.placement; print('ready', flush=True); "
     "import time; time.sleep(60)",
 ]
 

@@ -265,8 +265,8 @@ def finished_ns() -> float:
     """Median ns of one ``Telemetry.finished`` (the dispatcher's cost per
     task with a dashboard), in this process: a figure the noise of a shared
     machine moves less than a rate."""
-    from pool.dispatcher.jobs import Job
     from pool.dispatcher.telemetry import Telemetry
+    from pool.routing.jobs import Job
     from tests.support.streams import make_info
     from workers.protocol.worker_pb2 import Result, Task
 

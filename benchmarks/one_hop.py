@@ -6,7 +6,7 @@ dispatcher's own engine run in the client's process.
 Each run, on one ``Pool(workers=8)``: a ``Client``'s round trip p50 and
 ``submit`` rate (256 in flight), as tasks go today (two hops: client,
 dispatcher, worker); the same no-ops through a
-:class:`~pool.dispatcher.placement.Router` (the dispatcher's queue, links,
+:class:`~pool.routing.placement.Router` (the dispatcher's queue, links,
 losses and stealing, one pump a loop turn as the dispatcher pumps once a
 message) run on a loop in this process, its links straight to the
 workers' ``Run`` streams (one hop), each result handed to a bare owner
@@ -41,9 +41,9 @@ from pool.bench.measures import async_round_trips_ms, round_trips_ms, submit_rat
 from pool.bench.tasks import async_noop, noop
 from pool.client.core import Submissions
 from pool.dispatcher import admission
-from pool.dispatcher.jobs import Job
-from pool.dispatcher.links import WorkerLink
-from pool.dispatcher.placement import Router
+from pool.routing.jobs import Job
+from pool.routing.links import WorkerLink
+from pool.routing.placement import Router
 from workers.protocol import auth
 from workers.protocol.worker_pb2 import Result, Task
 

@@ -11,7 +11,7 @@ process, with no Python code to run) set :data:`BACKSTOP_S` past the
 earliest limit of the tasks running, and lets go when it ends. A worker
 ended so is seen dead by its dispatcher, which fails the task with
 :class:`~workers.protocol.errors.TaskTimeout` (its loss rule,
-:mod:`pool.dispatcher.losses`), and replaced by its supervisor.
+:mod:`pool.routing.losses`), and replaced by its supervisor.
 
 Set and cleared from the slot threads and the loop, under its own lock.
 """

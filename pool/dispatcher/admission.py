@@ -11,7 +11,7 @@ from pathlib import Path
 from uuid import UUID
 
 from discovery import WorkerInfo, backends, paths
-from pool.dispatcher.placement import Router
+from pool.routing.placement import Router
 from workers.common import channels
 
 log = logging.getLogger("pool.dispatcher")

@@ -4,7 +4,7 @@ A grpc.aio server on uvloop (a unix socket in the namespace's private
 directory, or ``HOST:0``) serving the Dispatcher service to clients. It
 follows the namespace's discovery events (:mod:`pool.dispatcher.admission`
 says which workers it links) into a
-:class:`~pool.dispatcher.placement.Router` and answers each client stream
+:class:`~pool.routing.placement.Router` and answers each client stream
 (a :class:`~pool.dispatcher.service.ClientStream`) with batches of
 results, and of the ids of tasks a worker has started, as they come. It
 writes one ``READY {json}`` line (to ``--ready-fd``) once it serves.
@@ -38,12 +38,12 @@ from grpc import aio
 from discovery import backends, paths
 from pool import dispatcher_pb2_grpc
 from pool.dispatcher import admission, supervised
-from pool.dispatcher.links import WorkerLink
-from pool.dispatcher.placement import Router
 from pool.dispatcher.service import MAX_STREAM_TASKS, DispatcherService
 from pool.dispatcher.settings import DispatcherSettings
 from pool.dispatcher.telemetry import Telemetry
 from pool.dispatcher.transfers import RelayService
+from pool.routing.links import WorkerLink
+from pool.routing.placement import Router
 from workers.common import serving
 from workers.common.spec import parse
 from workers.protocol import auth, worker_pb2_grpc
@@ -125,8 +125,9 @@ async def _run(
         )
         others = []
         if settings.telemetry:
-            router.telemetry = Telemetry()
-            others.append(group.create_task(supervised.report_stats(router, reports)))
+            router.telemetry = telemetry = Telemetry()
+            reporting = supervised.report_stats(router, telemetry, reports)
+            others.append(group.create_task(reporting))
         if (fd := settings.control_fd) is not None:
             others.append(group.create_task(supervised.obey(fd, router, stopper)))
         serving.announce_ready(settings.ready_fd, **ready)

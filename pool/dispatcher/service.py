@@ -2,7 +2,7 @@
 ``SubmitStream``, and ``ListWorkers``.
 
 A client stream reads batches of submissions and cancels into the
-:class:`~pool.dispatcher.placement.Router` and answers with batches of
+:class:`~pool.routing.placement.Router` and answers with batches of
 results and of the ids of tasks a worker took, as they come (its
 :class:`~workers.protocol.outbox.Outbox`). It stops reading while it holds
 ``max_tasks`` unanswered or the router's queue is full, so gRPC flow
@@ -19,14 +19,14 @@ from typing import Final
 from grpc import aio
 
 from pool import dispatcher_pb2_grpc
-from pool.dispatcher.jobs import Job
-from pool.dispatcher.placement import Router
 from pool.dispatcher_pb2 import (
     ListWorkersReply,
     ListWorkersRequest,
     SubmissionBatch,
     WorkerState,
 )
+from pool.routing.jobs import Job
+from pool.routing.placement import Router
 from workers.protocol.stream import (
     MAX_BATCH_TASKS,
     MAX_UNANSWERED,

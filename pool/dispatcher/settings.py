@@ -6,8 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Final
 
-from pool.dispatcher.matching import NO_WORKER_TIMEOUT_S
-from pool.dispatcher.queue import MAX_QUEUED
+from pool.routing.matching import NO_WORKER_TIMEOUT_S
+from pool.routing.queue import MAX_QUEUED
 from workers.common.options import (
     DISCOVERY,
     NAMESPACE,

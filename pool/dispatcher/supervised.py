@@ -24,8 +24,8 @@ from typing import Final, assert_never
 
 from discovery import WorkerInfo
 from pool.dispatcher import messages
-from pool.dispatcher.placement import Router
 from pool.dispatcher.telemetry import REPORT_S, Telemetry
+from pool.routing.placement import Router
 from workers.common import pipes, serving
 
 log = logging.getLogger("pool.dispatcher")
@@ -64,17 +64,17 @@ class Reports:
             self._writer.close()
 
 
-async def report_stats(router: Router, to: Reports) -> None:
-    """Write what tasks did to the supervisor every :data:`REPORT_S` (a line
-    of :data:`~pool.dispatcher.telemetry.MAX_BARS` bars at most) until
+async def report_stats(router: Router, telemetry: Telemetry, to: Reports) -> None:
+    """Write what ``router``'s tasks did (``telemetry``, which it tells) to
+    the supervisor every :data:`REPORT_S` (a line of
+    :data:`~pool.dispatcher.telemetry.MAX_BARS` bars at most) until
     cancelled, and once more then. The supervisor reads every line."""
-    assert router.telemetry is not None
     try:
         while True:
             await asyncio.sleep(REPORT_S)  # a ticker, not a wait for an event
-            to.stats(router.telemetry, router)
+            to.stats(telemetry, router)
     finally:
-        to.stats(router.telemetry, router)
+        to.stats(telemetry, router)
 
 
 async def obey(fd: int, router: Router, stopper: serving.Stopper) -> None:

@@ -38,7 +38,7 @@ from uuid import UUID
 import grpc
 
 from discovery import WorkerInfo
-from pool.dispatcher.jobs import Job, Link
+from pool.routing.jobs import Job, Link
 from workers.protocol import codec
 from workers.protocol.worker_pb2 import Failure, MapPart, Result
 

@@ -4,7 +4,7 @@ worker of another machine, relayed (:mod:`workers.protocol.transfer`).
 A client's fetch of a value goes to the worker that answered, as the
 dispatcher named it in the answer (``Transfer.source``, the worker's
 uid); a client's upload of a task's arguments goes to the worker its
-``Want`` named (:meth:`pool.dispatcher.links.WorkerLink.send`). Either
+``Want`` named (:meth:`pool.routing.links.WorkerLink.send`). Either
 way the relay reads one chunk and writes it on before it reads the next,
 so it holds one chunk (a few MiB) of a payload of any size, and gRPC's
 flow control holds the rest at the sender. Run by
@@ -20,7 +20,7 @@ from typing import Any
 import grpc
 from grpc import aio
 
-from pool.dispatcher.jobs import Link
+from pool.routing.jobs import Link
 from workers.protocol import worker_pb2_grpc
 from workers.protocol.transfer import Chunks, FetchContext, UploadContext, first_chunk
 from workers.protocol.worker_pb2 import Chunk, FetchRequest, UploadReply

@@ -5,7 +5,7 @@ Two rules, by how long a link's tasks run (its worker's measured pace):
 - **Short work is packed.** A link whose tasks run in under a quarter of
   a round trip (:data:`PACK_FACTOR`) takes jobs before any other, the
   busiest such link first, up to its room (what runs within one round
-  trip: :attr:`~pool.dispatcher.links.WorkerLink.free`), unless it holds
+  trip: :attr:`~pool.routing.links.WorkerLink.free`), unless it holds
   tasks and lags (:func:`lag_after`). Such work travels in few, large
   messages to as few workers as keep up with it; spread over many, each
   message would carry a task or two, and the processes' wake-ups, not
@@ -13,7 +13,7 @@ Two rules, by how long a link's tasks run (its worker's measured pace):
   cores: 1,100 tasks a second spread over 128 workers, 4,900 packed). A
   task packed behind a long one (a short worker's pace is no promise)
   waits until its worker lags, then moves to an idle one
-  (:mod:`pool.dispatcher.stealing`).
+  (:mod:`pool.routing.stealing`).
 - **The rest is spread**: the least-loaded link with room (tasks its
   worker holds, other dispatchers' too, over slots; the first on a tie),
   so that every slot runs.
@@ -21,8 +21,8 @@ Two rules, by how long a link's tasks run (its worker's measured pace):
 A link whose pace is not known yet (a fresh worker) is spread to. The
 room of each link is read once; a job without tags takes the top of a
 heap (no scan of every link for every job), one with tags a scan. Used
-by :class:`~pool.dispatcher.queue.TaskQueue` for
-:class:`~pool.dispatcher.placement.Router`; no I/O.
+by :class:`~pool.routing.queue.TaskQueue` for
+:class:`~pool.routing.placement.Router`; no I/O.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ import heapq
 import time
 from typing import Final
 
-from pool.dispatcher.jobs import Job, Link
+from pool.routing.jobs import Job, Link
 
 # A link packs when its tasks run this many times faster than a round trip.
 PACK_FACTOR: Final = 4

@@ -5,7 +5,7 @@ task that lost its worker too often fails with
 :class:`~pool.errors.WorkerLost` saying how each of them died. The report
 of the last death may come a moment after its stream broke:
 :meth:`Exits.wait_for` waits for it a bounded time. Owned by the
-:class:`~pool.dispatcher.placement.Router`; no I/O.
+:class:`~pool.routing.placement.Router`; no I/O.
 """
 
 from __future__ import annotations

@@ -32,6 +32,13 @@ class Owner(Protocol):
         worker ``source``: ask the client to upload them there."""
 
 
+class Ends(Protocol):
+    """Told of every job's end (the dispatcher's dashboard counts them)."""
+
+    def finished(self, job: Job, result: Result, worker: WorkerInfo | None) -> None:
+        """``job`` ended with ``result``, from ``worker`` if one ran it."""
+
+
 class LinkEvents(Protocol):
     """What a link reports about its worker's tasks."""
 
@@ -49,7 +56,7 @@ class LinkEvents(Protocol):
 class Link(abc.ABC):
     """A stream to one worker, as the router uses it: what the router reads
     and writes of every link, kept here once, and what it asks of each kind
-    (:class:`~pool.dispatcher.links.WorkerLink`; the unit tests' played one).
+    (:class:`~pool.routing.links.WorkerLink`; the unit tests' played one).
     """
 
     def __init__(self, info: WorkerInfo, rtt_s: float) -> None:

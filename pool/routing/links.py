@@ -5,18 +5,18 @@ A link owns a gRPC channel and one ``Run`` call to its worker, and, while
 tasks it is given (and cancels), many per message, through the sending
 half of the stream (:class:`~workers.protocol.stream.Outgoing`), and the
 caller of ``run`` reading the worker's batches back. It reports what it
-hears through :class:`~pool.dispatcher.jobs.LinkEvents` (connected, tasks
+hears through :class:`~pool.routing.jobs.LinkEvents` (connected, tasks
 started, results) and holds nothing of the router, which decides: ``run``
 returns when the stream ends, however it ends, and the router then
 requeues what the worker did not answer. Created and run by
-:class:`pool.dispatcher.placement.Router`.
+:class:`pool.routing.placement.Router`.
 
 How much a worker is sent ahead of its slots (:attr:`WorkerLink.free`):
 what keeps each slot busy through one round trip, at the pace its worker
 reports with its results: one a slot for tasks as long as a round trip or
 longer (``ProcessPoolExecutor`` holds ``max_workers + 1`` in its call
 queue), up to :data:`MAX_AHEAD_PER_SLOT` for tasks far shorter (which
-the router packs onto few workers: :mod:`pool.dispatcher.choosing`). The round
+the router packs onto few workers: :mod:`pool.routing.choosing`). The round
 trip is measured here, from a task's write to the report of its start: a
 slowly decaying minimum, since a task that waited for a slot reports late.
 
@@ -40,7 +40,7 @@ import grpc
 from grpc import aio
 
 from discovery import WorkerInfo
-from pool.dispatcher.jobs import Connect, Job, Link, LinkEvents
+from pool.routing.jobs import Connect, Job, Link, LinkEvents
 from workers.common import channels
 from workers.protocol import auth, transfer
 from workers.protocol.stream import Cancels, Outgoing, Withdraw

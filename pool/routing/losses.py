@@ -1,5 +1,5 @@
 """What becomes of the tasks of a worker that was lost (its stream ended):
-:func:`fates`, for :class:`~pool.dispatcher.placement.Router`, which does
+:func:`fates`, for :class:`~pool.routing.placement.Router`, which does
 what it says. No I/O.
 
 A worker starts tasks in the order it got them and reports starts after
@@ -26,7 +26,7 @@ import enum
 from collections.abc import Iterator
 from typing import Final
 
-from pool.dispatcher.jobs import Job, Link
+from pool.routing.jobs import Job, Link
 
 MAX_UNTAKEN_LOSSES: Final = 10
 

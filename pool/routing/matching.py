@@ -1,5 +1,5 @@
 """Whether a task can find a worker: :class:`Matching`, for
-:class:`~pool.dispatcher.placement.Router`, which answers what it refuses.
+:class:`~pool.routing.placement.Router`, which answers what it refuses.
 No I/O.
 
 A task whose tags no registered worker has waits for one, up to
@@ -19,9 +19,9 @@ from uuid import UUID
 
 import grpc
 
-from pool.dispatcher.jobs import Job, Link
-from pool.dispatcher.queue import TaskQueue
 from pool.errors import NoWorkerAvailable
+from pool.routing.jobs import Job, Link
+from pool.routing.queue import TaskQueue
 from workers.protocol import codec
 from workers.protocol.worker_pb2 import Failure, Result
 

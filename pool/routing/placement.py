@@ -1,22 +1,22 @@
-"""Routing tasks to the workers discovery finds: the dispatcher's logic.
+"""Routing tasks to the workers discovery finds: the engine the dispatcher runs.
 
 :class:`Router` owns the queue of tasks waiting for a worker
-(:mod:`pool.dispatcher.queue`) and the links to the workers
-(:mod:`pool.dispatcher.roster`; the real link is
-:class:`~pool.dispatcher.links.WorkerLink`). It places each task on a
+(:mod:`pool.routing.queue`) and the links to the workers
+(:mod:`pool.routing.roster`; the real link is
+:class:`~pool.routing.links.WorkerLink`). It places each task on a
 ready worker whose tags include the task's (short work packed, the rest
-spread: :mod:`pool.dispatcher.choosing`), never past what the link may
-hold (:attr:`~pool.dispatcher.jobs.Link.free`). Caller:
+spread: :mod:`pool.routing.choosing`), never past what the link may
+hold (:attr:`~pool.routing.jobs.Link.free`). Caller:
 :mod:`pool.dispatcher.server`, on its loop; tests drive it with fake links.
 
 A task is the router's until a worker *starts* it. One a worker holds
 unstarted is withdrawn when its client cancels it, and moved when the
 queue has nothing for a worker's free slot, or a task of a higher priority
-waits (:mod:`pool.dispatcher.stealing`). So no task waits behind another
+waits (:mod:`pool.routing.stealing`). So no task waits behind another
 while a slot that could run it is free.
 
 Priorities. Queued tasks go highest priority first
-(:mod:`pool.dispatcher.queue`). With several priorities about, nothing of
+(:mod:`pool.routing.queue`). With several priorities about, nothing of
 a lower one is sent while one of a higher one is held unstarted anywhere
 (it would start first on another worker), and a higher one that waits
 takes back what a worker holds of a lower one.
@@ -28,13 +28,13 @@ link not yet written, at once; else its worker decides, as its kind says
 Attempts. A worker reports the tasks it has *started* with its results.
 When a worker is lost (its stream ends), its unfinished tasks go back to
 the front of the queue, counting an attempt if they may have run there,
-or are answered (:mod:`pool.dispatcher.losses` says which); at
+or are answered (:mod:`pool.routing.losses` says which); at
 ``max_attempts`` a task fails with :class:`~pool.errors.WorkerLost`,
 which says how each worker died.
 
 Bounds. At most ``max_queued`` tasks wait (``Router.queue.room``); one with no
 matching ready worker fails after ``no_worker_timeout_s``
-(:mod:`pool.dispatcher.matching`).
+(:mod:`pool.routing.matching`).
 
 Stopping. Tasks not started fail with :class:`~pool.errors.PoolStopping`
 (:meth:`Router.stop_taking`); started ones finish and are delivered, for a
@@ -58,16 +58,15 @@ from uuid import UUID
 import grpc
 
 from discovery import DiscoveryEvent, WorkerInfo
-from pool.dispatcher.choosing import Chooser
-from pool.dispatcher.exits import Exits
-from pool.dispatcher.jobs import Connect, Job, Link
-from pool.dispatcher.losses import Fate, fates
-from pool.dispatcher.matching import NO_WORKER_TIMEOUT_S, Matching
-from pool.dispatcher.queue import MAX_QUEUED, TaskQueue
-from pool.dispatcher.roster import Roster
-from pool.dispatcher.stealing import Withdrawals
-from pool.dispatcher.telemetry import Telemetry
 from pool.errors import PoolStopping, WorkerLost
+from pool.routing.choosing import Chooser
+from pool.routing.exits import Exits
+from pool.routing.jobs import Connect, Ends, Job, Link
+from pool.routing.losses import Fate, fates
+from pool.routing.matching import NO_WORKER_TIMEOUT_S, Matching
+from pool.routing.queue import MAX_QUEUED, TaskQueue
+from pool.routing.roster import Roster
+from pool.routing.stealing import Withdrawals
 from workers.protocol import codec
 from workers.protocol.errors import TaskTimeout
 from workers.protocol.stream import STRENGTH, Withdraw
@@ -125,7 +124,7 @@ class Router:
         self._expiring: asyncio.Task[None]
         self._settled = asyncio.Event()  # stopping, and no worker has a task
         self._exits = Exits()
-        self.telemetry: Telemetry | None = None  # told of every end, if set
+        self.telemetry: Ends | None = None  # told of every end, if set
 
     # -- lifetime ------------------------------------------------------------
 

@@ -18,8 +18,8 @@ while it waits is counted out at once (:meth:`TaskQueue.leave`) and
 skipped when :meth:`TaskQueue.place` or :meth:`TaskQueue.remove_where`
 meets it. A job no ready worker matches expires after a bound
 (:meth:`TaskQueue.expired`). Where each job goes is
-:class:`~pool.dispatcher.choosing.Chooser`'s choice. Owned by
-:class:`~pool.dispatcher.placement.Router`, on the dispatcher's loop; no
+:class:`~pool.routing.choosing.Chooser`'s choice. Owned by
+:class:`~pool.routing.placement.Router`, on the dispatcher's loop; no
 I/O.
 """
 
@@ -32,8 +32,8 @@ from collections import deque
 from collections.abc import Callable, Iterator
 from typing import Final
 
-from pool.dispatcher.choosing import Chooser
-from pool.dispatcher.jobs import Job, Owner
+from pool.routing.choosing import Chooser
+from pool.routing.jobs import Job, Owner
 
 MAX_QUEUED: Final = 100_000  # the default bound
 

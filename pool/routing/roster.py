@@ -14,7 +14,7 @@ its protocol version) :data:`MAX_REFUSALS` times in a row for the same
 reason is left alone until it registers again; one it cannot reach
 :data:`MAX_REFUSALS` times in a row (say, its address does not resolve here)
 is said once, at warning level, and tried again. Owned by
-:class:`~pool.dispatcher.placement.Router`, which places the tasks.
+:class:`~pool.routing.placement.Router`, which places the tasks.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from typing import Any, Final, assert_never
 from uuid import UUID
 
 from discovery import DiscoveryEvent, WorkerInfo
-from pool.dispatcher.jobs import Connect, Link, LinkEvents
+from pool.routing.jobs import Connect, Link, LinkEvents
 
 RECONNECT_DELAY_S: Final = 0.5  # the first pause before linking a worker again
 MAX_RECONNECT_DELAY_S: Final = 30.0

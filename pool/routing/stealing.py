@@ -7,19 +7,19 @@ empty and some worker has a slot with nothing for it (:meth:`steal`); to
 let a task of a higher priority that waits start first (:meth:`preempt`);
 and to *stop* them, when the pool drains (:meth:`take_back_all`). A holder
 whose tasks are shorter than a round trip, and that started one lately, is
-left alone (:func:`~pool.dispatcher.choosing.keeps_up`): what it holds
+left alone (:func:`~pool.routing.choosing.keeps_up`): what it holds
 will have run before a steal arrives. A task not yet written to its
 worker comes back at once; one written is asked back
 with a cancel, and the worker answers exactly one of "withdrawn"
 (CANCELLED) or "started" (the task runs there, and the ask is forgotten).
-Owned by :class:`~pool.dispatcher.placement.Router`, which queues or fails
+Owned by :class:`~pool.routing.placement.Router`, which queues or fails
 what comes back; on the dispatcher's loop, no I/O of its own.
 
 A holder left alone because it kept up may stop keeping up with nothing
 else happening (a long task among short ones that the router packed
-behind it: :mod:`pool.dispatcher.choosing`): so :meth:`Withdrawals.steal`
+behind it: :mod:`pool.routing.choosing`): so :meth:`Withdrawals.steal`
 keeps one timer, for when the first such holder will lag
-(:func:`~pool.dispatcher.choosing.lag_after`), and then calls its owner
+(:func:`~pool.routing.choosing.lag_after`), and then calls its owner
 back to pump (and steal) again.
 Its owner ends it with :meth:`Withdrawals.close`.
 """
@@ -32,9 +32,9 @@ import time
 from collections.abc import Callable, Iterable
 from typing import Final
 
-from pool.dispatcher.choosing import keeps_up, lag_after
-from pool.dispatcher.jobs import Job, Link
-from pool.dispatcher.queue import TaskQueue
+from pool.routing.choosing import keeps_up, lag_after
+from pool.routing.jobs import Job, Link
+from pool.routing.queue import TaskQueue
 
 # The look-again timer waits at least this long (it fires about once per
 # choosing.LAG_MIN_S while a packed holder keeps up beside an idle worker).

@@ -1,5 +1,5 @@
 """A played router world for the dispatcher's unit tests: a real
-:class:`~pool.dispatcher.placement.Router` over fake links (:class:`FakeLink`)
+:class:`~pool.routing.placement.Router` over fake links (:class:`FakeLink`)
 whose workers the test plays: they take, start, answer, refuse and die."""
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ from contextlib import asynccontextmanager
 from typing import Any
 
 from discovery import DiscoveryEvent, WorkerInfo
-from pool.dispatcher.jobs import Job, Link, LinkEvents
-from pool.dispatcher.placement import Router
+from pool.routing.jobs import Job, Link, LinkEvents
+from pool.routing.placement import Router
 from workers.protocol import codec
 from workers.protocol.stream import Withdraw
 from workers.protocol.worker_pb2 import Chunk, FetchRequest, Result, Task

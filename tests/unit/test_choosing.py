@@ -10,10 +10,10 @@ from typing import Any
 import pytest
 
 from discovery import WorkerInfo
-from pool.dispatcher.choosing import Chooser
-from pool.dispatcher.jobs import Job
-from pool.dispatcher.links import MAX_AHEAD_PER_SLOT, WorkerLink
-from pool.dispatcher.queue import TaskQueue
+from pool.routing.choosing import Chooser
+from pool.routing.jobs import Job
+from pool.routing.links import MAX_AHEAD_PER_SLOT, WorkerLink
+from pool.routing.queue import TaskQueue
 from tests.support.routing import (
     FakeLink,
     Owner,

@@ -8,7 +8,7 @@ from __future__ import annotations
 import grpc
 import pytest
 
-from pool.dispatcher.jobs import Job
+from pool.routing.jobs import Job
 from tests.support.routing import FakeLink, World, settle, world
 from workers.protocol import codec
 from workers.protocol.errors import TaskTimeout

@@ -11,9 +11,9 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from discovery import DiscoveryEvent
 from pool.dispatcher import telemetry
-from pool.dispatcher.jobs import Job
 from pool.dispatcher.telemetry import Telemetry, outcome_of
 from pool.errors import WorkerLost
+from pool.routing.jobs import Job
 from pool.supervisor.dashboard import is_loopback, listen_address
 from pool.supervisor.dashboard.board import GONE_KEEP_S, MAP_KEEP_S, MAX_EVENTS, Board
 from pool.supervisor.dashboard.metrics import Metrics

@@ -13,11 +13,11 @@ import pytest
 
 from discovery import DiscoveryEvent, WorkerInfo
 from pool import NoWorkerAvailable, WorkerLost
-from pool.dispatcher import roster
-from pool.dispatcher.jobs import LinkEvents
-from pool.dispatcher.losses import MAX_UNTAKEN_LOSSES
-from pool.dispatcher.placement import Router
 from pool.errors import PoolStopping
+from pool.routing import roster
+from pool.routing.jobs import LinkEvents
+from pool.routing.losses import MAX_UNTAKEN_LOSSES
+from pool.routing.placement import Router
 from tests.support.routing import (
     FakeLink,
     settle,

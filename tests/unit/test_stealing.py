@@ -9,8 +9,8 @@ import time
 import grpc
 import pytest
 
-from pool.dispatcher.choosing import PACK_FACTOR
-from pool.dispatcher.jobs import Job
+from pool.routing.choosing import PACK_FACTOR
+from pool.routing.jobs import Job
 from tests.support.routing import (
     FakeLink,
     settle,

@@ -8,7 +8,7 @@ a message: its maker holds it (:class:`Held`) and the message carries a
 :class:`Data` naming it (a ``Transfer``: an unguessable token, the size).
 
 - A value: the worker holds it (:data:`HELD`); the dispatcher names the
-  worker in the answer (``source``, :mod:`pool.dispatcher.links`); the
+  worker in the answer (``source``, :mod:`pool.routing.links`); the
   client fetches it (``Transfers.Fetch``) from the dispatcher, which relays
   the fetch to the worker. Held until fetched, once (a fetch that breaks
   loses it, and the client runs the task again), for at most
