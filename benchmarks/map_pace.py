@@ -107,9 +107,10 @@ def main() -> None:
 
 
 def _print(title: str, ours: Row, theirs: Row) -> None:
+    ratio = ours["rate"] / theirs["rate"]
     print(
         f"{title}: ours {ours['rate'] / 1e6:.2f}M calls/s, multiprocessing.Pool "
-        f"{theirs['rate'] / 1e6:.2f}M/s, ours/theirs {ours['rate'] / theirs['rate']:.2f}x; "
+        f"{theirs['rate'] / 1e6:.2f}M/s, ours/theirs {ratio:.2f}x; "
         f"ours from the call: map() returned {ours['returned'] * 1e3:.1f} ms, "
         f"first value {ours['first'] * 1e3:.1f} ms, last {ours['last'] * 1e3:.1f} ms; "
         f"CPU of our processes a map {ours['cpu_ms']:.1f} ms",
