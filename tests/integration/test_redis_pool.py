@@ -39,13 +39,25 @@ from workers.protocol import auth
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(90)]
 
 
+# A remote worker's grace on SIGTERM, and how much longer its exit is waited
+# for. A draining worker waits up to its grace for the fetch of each large
+# value it holds for a client of another host, and a value nobody fetches
+# (its task ran again elsewhere, as at least once allows, after its answer
+# was lost) keeps it that long: its exit is waited for past its grace, so
+# that only a worker that does not keep to its grace fails the test.
+REMOTE_GRACE_S = 10
+REMOTE_EXIT_MARGIN_S = 20
+
+
 @contextmanager
 def remote_worker(namespace: str, url: str, host: str, *options: str) -> Iterator[int]:
     """A worker started by hand, as on another host: TCP on ``host``,
-    registered in Redis, with the tag "remote". Its pid."""
+    registered in Redis, with the tag "remote" and a grace of
+    :data:`REMOTE_GRACE_S` (``options`` may set another). Its pid."""
     proc = python_module(
         *("workers", "--namespace", namespace, "--discovery", url),
-        *("--host", host, "--tags", "remote", *options),
+        *("--host", host, "--tags", "remote", "--grace-s", str(REMOTE_GRACE_S)),
+        *options,
     )
     try:
         LineReader(proc.stdout).wait_for("READY ", 30)
@@ -53,7 +65,7 @@ def remote_worker(namespace: str, url: str, host: str, *options: str) -> Iterato
     finally:
         if proc.poll() is None:
             proc.terminate()
-        proc.wait(30)
+        proc.wait(REMOTE_GRACE_S + REMOTE_EXIT_MARGIN_S)
         assert proc.stdout is not None
         proc.stdout.close()
 
