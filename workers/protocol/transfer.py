@@ -12,7 +12,8 @@ a message: its maker holds it (:class:`Held`) and the message carries a
   client fetches it (``Transfers.Fetch``) from the dispatcher, which relays
   the fetch to the worker. Held until fetched, once (a fetch that breaks
   loses it, and the client runs the task again), for at most
-  :data:`KEEP_S`; a worker that stops waits a little for what it holds.
+  :data:`KEEP_S`; a worker that stops waits, up to its grace, for what it
+  holds and for what it is sending.
 - Arguments: the client holds them (:data:`OFFERED`) until the task ends.
   Each time the dispatcher sends the task to a worker, it asks the client
   for them (a ``Want``), and the client uploads them (``Transfers.Upload``)
@@ -75,6 +76,7 @@ class Held:
         self._keep_s = keep_s
         self._lock = threading.Lock()
         self._payloads: dict[bytes, tuple[float, list[memoryview]]] = {}
+        self._sending = 0  # fetches under way (the loop's)
         self._changed: asyncio.Event | None = None  # for wait_fetched
 
     def __len__(self) -> int:
@@ -111,6 +113,18 @@ class Held:
             self._changed.set()
         return None if entry is None else entry[1]
 
+    @contextlib.contextmanager
+    def sending(self, token: bytes) -> Iterator[list[memoryview] | None]:
+        """:meth:`take` ``token``, while what it names is sent on (on the
+        loop): :meth:`wait_fetched` waits for the send too."""
+        self._sending += 1
+        try:
+            yield self.take(token)
+        finally:
+            self._sending -= 1
+            if self._changed is not None:
+                self._changed.set()
+
     def _expire(self, now: float) -> None:
         if self._keep_s is None:
             return
@@ -119,10 +133,13 @@ class Held:
                 del self._payloads[token]
 
     async def wait_fetched(self, timeout_s: float) -> None:
-        """Return once nothing is held, or after ``timeout_s``."""
+        """Return once nothing is held or being sent, or after ``timeout_s``
+        (a stopping worker's server cuts what it still sends then)."""
         self._changed = asyncio.Event()
         deadline = time.monotonic() + timeout_s
-        while self._payloads and (left := deadline - time.monotonic()) > 0:
+        while (self._payloads or self._sending) and (
+            left := deadline - time.monotonic()
+        ) > 0:
             self._changed.clear()
             try:
                 await asyncio.wait_for(self._changed.wait(), min(left, 1.0))
@@ -280,15 +297,15 @@ class HeldService(worker_pb2_grpc.TransfersServicer):
         self._held = held
 
     async def Fetch(self, request: FetchRequest, context: FetchContext) -> None:
-        parts = self._held.take(request.token)
-        if parts is None:
-            await context.abort(
-                grpc.StatusCode.NOT_FOUND,
-                "this worker holds no such value (fetched already, or it "
-                f"waited over {KEEP_S:.0f} s)",
-            )
-        for chunk in chunks(parts or ()):
-            await context.write(chunk)
+        with self._held.sending(request.token) as parts:
+            if parts is None:
+                await context.abort(
+                    grpc.StatusCode.NOT_FOUND,
+                    "this worker holds no such value (fetched already, or it "
+                    f"waited over {KEEP_S:.0f} s)",
+                )
+            for chunk in chunks(parts or ()):
+                await context.write(chunk)
 
     async def Upload(self, chunks: Chunks, context: UploadContext) -> UploadReply:
         first = await first_chunk(chunks, context)
