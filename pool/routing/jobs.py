@@ -1,8 +1,9 @@
-"""What the dispatcher's parts pass each other: a :class:`Job` (a task from
-its submission to its result), the :class:`Owner` that hears of its fate
-(a client stream), the :class:`Link` that carries it to a worker, and the
+"""What the routing engine's parts pass each other: a :class:`Job` (a task
+from its submission to its result), the :class:`Owner` that hears of its
+fate (a client stream), the :class:`Link` that carries it to a worker, the
 :class:`LinkEvents` a link reports (to the router, which decides: links
-carry). A link's end is the end of its ``run``.
+carry), and :class:`Ends`, told of every job's end if its runner wants
+(the dispatcher's dashboard). A link's end is the end of its ``run``.
 """
 
 from __future__ import annotations
