@@ -111,9 +111,10 @@ class MapPlan:
     whose callable runs once per call,
     :func:`workers.protocol.codec.run_chunk`), each carrying its slice of
     every argument's values as one pickle (a list per iterable, not a tuple
-    per call; a range's or a tuple's slice as it is): of ``chunksize`` calls, or, by default, adaptive: the first
-    :data:`PROBE_CALLS` calls one per chunk, whose first answer says how
-    long a call runs (:func:`auto_chunksize`), then the rest.
+    per call; a range's or a tuple's slice as it is): of ``chunksize``
+    calls, or, by default, adaptive: the first :data:`PROBE_CALLS` calls
+    one per chunk, whose first answer says how long a call runs
+    (:func:`auto_chunksize`), then the rest.
 
     :raises ValueError: for a ``chunksize`` below 1.
     """
